@@ -1,0 +1,3 @@
+"""fed-auc: federated deep AUC maximization on medical images."""
+
+__version__ = "0.1.0"

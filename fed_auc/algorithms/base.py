@@ -1,0 +1,165 @@
+"""The backend contract: four methods, plain data in and out, no I/O.
+
+A round, as the coordinator drives it (one pass per phase in ``phases``):
+``plan(state, round, phase) -> Broadcast``, then on every selected node
+``client_update(broadcast, local_state, trainable, batches) -> (Reply, local_state)``,
+then ``aggregate(state, replies, phase) -> state``. States are dicts of tensors and
+scalars so they checkpoint with ``torch.save`` and travel without pickled code.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors, Trainable
+
+ServerState = dict[str, Any]
+LocalState = dict[str, Any]
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Broadcast:
+    """What the server sends to every selected node for one phase of one round."""
+
+    round: int
+    phase: str
+    tensors: Tensors
+    config: dict[str, Any]
+
+
+@dataclass
+class Reply:
+    """What a node sends back: named tensors plus counts; never data or per-image scores."""
+
+    tensors: Tensors
+    steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    num_examples: int = 0  # filled in by the node, which knows its data
+    site: str = ""
+
+
+def prefixed(prefix: str, tensors: Tensors) -> Tensors:
+    return {prefix + name: t for name, t in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Tensors) -> Tensors:
+    return {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+
+
+def site_weights(replies: Sequence[Reply], weighting: str) -> list[float]:
+    """Aggregation weights: uniform (the CODASCA paper's 1/K) or by number of examples."""
+    if weighting == "uniform":
+        return [1.0 / len(replies)] * len(replies)
+    total = sum(r.num_examples for r in replies)
+    return [r.num_examples / total for r in replies]
+
+
+def weighted_mean(tensor_sets: Sequence[Tensors], weights: Sequence[float]) -> Tensors:
+    """Σ_k weight_k · tensors_k, name by name (names taken from the first set)."""
+    out = {}
+    for name in tensor_sets[0]:
+        acc = torch.zeros_like(tensor_sets[0][name], dtype=torch.float32)
+        for tensors, weight in zip(tensor_sets, weights, strict=True):
+            acc.add_(tensors[name].float(), alpha=weight)
+        out[name] = acc.to(tensor_sets[0][name].dtype)
+    return out
+
+
+def validate_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def validate_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        bound = "≥ 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+class Backend(ABC):
+    """A federated training algorithm. Subclasses keep their hyperparameters as attributes."""
+
+    name: str = ""
+    phases: tuple[str, ...] = ("train",)
+    needs_minimax_loss: bool = True
+
+    def __init__(
+        self,
+        lr: float = 0.1,
+        local_steps: int = 8,
+        lr_decay: float = 3.0,
+        decay_every: int = 4000,
+        weight_decay: float = 1e-5,
+        grad_clip: float | None = 1.0,
+        site_weighting: str = "uniform",
+    ) -> None:
+        validate_positive("lr", lr)
+        if int(local_steps) != local_steps or local_steps < 1:
+            raise ValueError(f"local_steps must be an integer ≥ 1, got {local_steps!r}")
+        if lr_decay < 1:
+            raise ValueError(f"lr_decay must be ≥ 1 (1 = no decay), got {lr_decay!r}")
+        if int(decay_every) != decay_every or decay_every < 1:
+            raise ValueError(f"decay_every must be an integer ≥ 1 step, got {decay_every!r}")
+        validate_positive("weight_decay", weight_decay, allow_zero=True)
+        if grad_clip is not None:
+            validate_positive("grad_clip", grad_clip)
+        validate_choice("site_weighting", site_weighting, ("uniform", "examples"))
+        self.lr = lr
+        self.local_steps = int(local_steps)
+        self.lr_decay = lr_decay
+        self.decay_every = int(decay_every)
+        self.weight_decay = weight_decay
+        self.grad_clip = grad_clip
+        self.site_weighting = site_weighting
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """Everything that defines the run, for the store and the model card."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def stage_of(self, round_: int) -> int:
+        """Stage s of a round: the learning rate is divided by ``lr_decay`` every T0 steps."""
+        return (round_ * self.local_steps) // self.decay_every
+
+    def lr_of(self, round_: int) -> float:
+        return self.lr / self.lr_decay ** self.stage_of(round_)
+
+    @abstractmethod
+    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState: ...
+
+    @abstractmethod
+    def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast: ...
+
+    @abstractmethod
+    def client_update(
+        self,
+        broadcast: Broadcast,
+        local_state: LocalState,
+        trainable: Trainable,
+        batches: Batches,
+    ) -> tuple[Reply, LocalState]: ...
+
+    @abstractmethod
+    def aggregate(
+        self, state: ServerState, replies: Sequence[Reply], phase: str = "train"
+    ) -> ServerState: ...
+
+    def reply_extras(self) -> tuple[str, ...]:
+        """Prefixes of the extra tensors every reply must carry for every variable."""
+        return ()
+
+    def global_tensors(self, state: ServerState) -> Tensors:
+        """The global model (w, a, b, α, buffers) held in a server state."""
+        return state["model"]
+
+
+def model_part(tensors: Tensors) -> Tensors:
+    """The global model inside a payload: w/, auc/ and buf/ tensors, without backend extras."""
+    return {n: t for n, t in tensors.items() if n.startswith((WEIGHT, AUC, BUFFER))}

@@ -1,0 +1,191 @@
+"""CODASCA (Yuan, Guo et al., ICML 2021, Algorithms 3–4): CODA+ with control variates.
+
+Algorithm 4, DSGSCA+(v_0, α_0, η_l, η_g, I, R, γ), one stage; F_k^s = F_k + (γ/2)‖v − v_0‖²:
+
+    each machine k: c_v^k = 0, c_α^k = 0 at the stage start; globally c_v = 0, c_α = 0
+    for r = 1..R:
+        for t = 0..I−1, each machine k:
+            v^k_{r,t+1} = v^k_{r,t} − η_l (∇_v F_k^s(v^k_{r,t}, α^k_{r,t}; z) − c_v^k + c_v)
+            α^k_{r,t+1} = α^k_{r,t} + η_l (∇_α F_k^s(v^k_{r,t}, α^k_{r,t}; z) − c_α^k + c_α)
+        c_v^k = c_v^k − c_v + (v_{r−1} − v^k_{r,I}) / (I η_l)                       (eq. 6)
+        c_α^k = c_α^k − c_α + (α^k_{r,I} − α_{r−1}) / (I η_l)
+        c_v, c_α = (1/K) Σ_k c_v^k, c_α^k
+        v_r = v_{r−1} + η_g ((1/K) Σ_k v^k_{r,I} − v_{r−1}); α_r likewise   (extrapolation)
+    return v_r̃, α_r̃ with r̃ uniform in {1..R}
+
+Eq. (6) makes c^k the mean of the round's stochastic gradients of F_k^s (eq. 7).
+Partial participation: each sampled site sends Δc^k = c^k(new) − c^k(old) and the server
+keeps c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
+``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server);
+``"last"`` continues from the last iterate, as the reference code does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from fed_auc.algorithms.base import (
+    Backend,
+    Batches,
+    Broadcast,
+    LocalState,
+    Reply,
+    ServerState,
+    model_part,
+    prefixed,
+    site_weights,
+    unprefixed,
+    validate_choice,
+    validate_positive,
+    weighted_mean,
+)
+from fed_auc.algorithms.sgda import StepRule, run_local_steps
+from fed_auc.trainable import Trainable
+
+REF = "ref/"  # the stage's proximal reference v_0
+CONTROL = "c/"  # the global control variates (c_v, c_α)
+CONTROL_DELTA = "dc/"  # a site's Δc^k for the SAGA-style server update
+
+
+class CODASCA(Backend):
+    name = "codasca"
+
+    def __init__(
+        self,
+        gamma: float = 1 / 500,
+        eta_g: float = 1.0,
+        stage_output: str = "random_round",
+        seed: int = 0,
+        **common,
+    ) -> None:
+        super().__init__(**common)
+        validate_positive("gamma", gamma, allow_zero=True)
+        validate_positive("eta_g", eta_g)
+        validate_choice("stage_output", stage_output, ("random_round", "last"))
+        self.gamma = gamma
+        self.eta_g = eta_g
+        self.stage_output = stage_output
+        self.seed = seed
+
+    def reply_extras(self) -> tuple[str, ...]:
+        return (CONTROL_DELTA,)
+
+    # -- server -------------------------------------------------------------------------
+    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState:
+        model = trainable.tensors()
+        variables = [*trainable.primal, *trainable.dual]
+        return {
+            "round": 0,
+            "stage": 0,
+            "num_sites": num_sites,
+            "dual_min": trainable.dual_min,
+            "model": model,
+            "ref": {n: model[n].clone() for n in trainable.primal},
+            "control": {n: torch.zeros_like(model[n]) for n in variables},
+            "candidate": None,  # the stage's r̃-th iterate, by reservoir sampling
+            "stage_rounds": 0,
+        }
+
+    def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast:
+        tensors = {
+            **state["model"],
+            **prefixed(REF, state["ref"]),
+            **prefixed(CONTROL, state["control"]),
+        }
+        config = {
+            "lr": self.lr_of(round_),
+            "local_steps": self.local_steps,
+            "stage": state["stage"],
+        }
+        return Broadcast(round_, phase, tensors, config)
+
+    def aggregate(
+        self, state: ServerState, replies: Sequence[Reply], phase: str = "train"
+    ) -> ServerState:
+        weights = site_weights(replies, self.site_weighting)
+        averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        previous = state["model"]
+        model = dict(averaged)  # buffers: plain average; with η_g = 1, v_r is the average
+        if self.eta_g != 1:  # v_r = v_{r−1} + η_g (mean_k v^k_{r,I} − v_{r−1})
+            for name in state["control"]:
+                model[name] = previous[name] + self.eta_g * (averaged[name] - previous[name])
+        if state["dual_min"] is not None and "auc/alpha" in model:
+            model["auc/alpha"] = model["auc/alpha"].clamp(min=state["dual_min"])
+        control = {  # c ← c + (1/N) Σ_k Δc^k
+            name: c + sum(r.tensors[CONTROL_DELTA + name] for r in replies) / state["num_sites"]
+            for name, c in state["control"].items()
+        }
+        state = {**state, "round": state["round"] + 1, "model": model, "control": control}
+        state["stage_rounds"] += 1
+        if self.stage_output == "random_round" and self._keep(state):
+            state["candidate"] = {n: model[n].clone() for n in control}
+        if self.stage_of(state["round"]) != state["stage"]:
+            state = self._next_stage(state)
+        return state
+
+    def _keep(self, state: ServerState) -> bool:
+        """Reservoir sampling: after R rounds each round's iterate is kept with prob. 1/R."""
+        rng = random.Random(f"{self.seed}:{state['stage']}:{state['stage_rounds']}")
+        return rng.random() < 1.0 / state["stage_rounds"]
+
+    def _next_stage(self, state: ServerState) -> ServerState:
+        """Algorithm 3: (v_s, α_s) = stage output; it starts and anchors the next stage."""
+        model = dict(state["model"])
+        if self.stage_output == "random_round":
+            model.update(state["candidate"])
+        variables = state["control"]
+        return {
+            **state,
+            "model": model,
+            "ref": {n: model[n].clone() for n in state["ref"]},
+            "control": {n: torch.zeros_like(c) for n, c in variables.items()},
+            "stage": state["stage"] + 1,
+            "candidate": None,
+            "stage_rounds": 0,
+        }
+
+    # -- client -------------------------------------------------------------------------
+    def client_update(
+        self,
+        broadcast: Broadcast,
+        local_state: LocalState,
+        trainable: Trainable,
+        batches: Batches,
+    ) -> tuple[Reply, LocalState]:
+        trainable.load(model_part(broadcast.tensors))
+        names = [*trainable.primal, *trainable.dual]
+        n_primal = len(trainable.primal)
+        stage = broadcast.config["stage"]
+        control = unprefixed(CONTROL, broadcast.tensors)
+        own = local_state.get("control") if local_state.get("stage") == stage else None
+        if own is None:  # Algorithm 4: c^k = 0 at the start of every stage
+            own = {n: torch.zeros_like(control[n]) for n in names}
+        start = {n: t.detach().clone() for n, t in {**trainable.primal, **trainable.dual}.items()}
+
+        # local steps on the corrected gradient  ∇F_k^s − c^k + c
+        correction = [control[n] - own[n] for n in names]
+        ref = unprefixed(REF, broadcast.tensors)
+        lr, steps = broadcast.config["lr"], broadcast.config["local_steps"]
+        rule = StepRule(lr, self.weight_decay, self.grad_clip, self.gamma)
+        loss, done = run_local_steps(
+            trainable,
+            batches,
+            steps,
+            rule,
+            prox_ref=[ref[n] for n in trainable.primal],
+            correction=(correction[:n_primal], correction[n_primal:]),
+        )
+
+        # eq. (6): the primal moved down its gradient, the dual up its own
+        new_own = {}
+        for i, name in enumerate(names):
+            end = (trainable.primal | trainable.dual)[name].detach()
+            moved = start[name] - end if i < n_primal else end - start[name]
+            new_own[name] = own[name] - control[name] + moved / (done * lr)
+        tensors = trainable.tensors()
+        tensors.update(prefixed(CONTROL_DELTA, {n: new_own[n] - own[n] for n in names}))
+        reply = Reply(tensors, steps=done, metrics={"train_loss": loss})
+        return reply, {"stage": stage, "control": new_own}

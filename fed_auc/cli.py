@@ -1,0 +1,172 @@
+"""The ``fed-auc`` command: simulate, demo, runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from fed_auc.simulation import SimulationConfig
+
+DEMO = {"rounds": 30, "sites": 4, "local_steps": 8, "decay_every": 160}
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="run a federation on this machine (in-process nodes)")
+    p.add_argument("--config", type=Path, help="TOML file whose keys are these options")
+    p.add_argument("--algorithm", help="codasca (default), coda_plus, local_sgda, fedavg")
+    p.add_argument("--sites", type=int, help="number of synthetic hospital sites (default 4)")
+    p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
+    p.add_argument("--local-steps", type=int, help="local steps I per round (default 8)")
+    p.add_argument("--batch-size", type=int, help="local batch size (default 32)")
+    p.add_argument("--lr", type=float, help="local learning rate η (default 0.1)")
+    p.add_argument("--model", help="tiny (default), densenet121, densenet169, densenet201")
+    p.add_argument("--image-size", type=int, help="image side in pixels (default 28)")
+    p.add_argument("--participation", type=float, help="fraction of sites per round (0, 1]")
+    p.add_argument("--seed", type=int, help="seed for data, sampling and initialization")
+    p.add_argument("--loss", help="auc_margin (default), auc_square, ce (fedavg only)")
+    p.add_argument("--num-labels", type=int, help="number of findings (multi-label if > 1)")
+    p.add_argument("--gamma", type=float, help="proximal weight γ of CODA+/CODASCA (1/500)")
+    p.add_argument("--eta-g", type=float, help="CODASCA server step η_g (default 1)")
+    p.add_argument("--decay-every", type=int, help="T0: divide lr by 3 every T0 steps")
+    p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fed-auc", description="Federated deep AUC maximization on medical images."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _simulate_parser(sub)
+    demo = sub.add_parser("demo", help="run the demo federation with the embedded defaults")
+    demo.add_argument("--runs-dir", default="runs")
+    demo.add_argument("--json", action="store_true")
+    runs = sub.add_parser("runs", help="list the runs in a runs directory")
+    runs.add_argument("--runs-dir", default="runs")
+    runs.add_argument("--json", action="store_true")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimulationConfig:
+    """Defaults, then the TOML file, then the flags given on the command line."""
+    fields = {f.name for f in dataclasses.fields(SimulationConfig)}
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        values.update(read_config_file(args.config, fields))
+    values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    try:
+        return SimulationConfig(**values)
+    except (TypeError, ValueError) as exc:
+        source = f" (config {args.config})" if args.config else ""
+        raise SystemExit(f"fed-auc simulate: invalid option{source}: {exc}") from None
+
+
+def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"fed-auc: cannot read config {path}: {exc}") from None
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise SystemExit(
+            f"fed-auc: config {path}: unknown key(s) {unknown}; valid keys: {sorted(fields)}"
+        )
+    return data
+
+
+def simulate(config: SimulationConfig, as_json: bool) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from fed_auc.simulation import run_simulation
+
+    bar = tqdm(total=config.rounds, desc=f"{config.algorithm}", unit="round", file=sys.stderr)
+
+    def on_round(record) -> None:
+        bar.set_postfix(auc=_fmt(record.global_auc), worst=_fmt(record.worst_site_auc))
+        bar.update(1)
+
+    try:
+        summary = run_simulation(config, on_round)
+    finally:
+        bar.close()
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        aucs = summary["global_auc"]
+        print(
+            f"run {summary['run_id']}: pooled test AUC {_fmt(aucs[0])} (round 0) → "
+            f"{_fmt(aucs[-1])} (round {len(aucs) - 1}); "
+            f"worst site {_fmt(summary['worst_site_auc'][-1])}"
+        )
+        print(f"model and model card: {Path(summary['model_path']).parent}")
+    return summary
+
+
+def list_runs(runs_dir: str, as_json: bool) -> None:
+    from fed_auc.store import STORE_FILE, RunStore
+
+    if not (Path(runs_dir) / STORE_FILE).exists():
+        raise SystemExit(f"fed-auc runs: no run store in {runs_dir!r} (expected {STORE_FILE})")
+    with RunStore(runs_dir) as store:
+        runs = store.runs()
+        rows = []
+        for run in runs.itertuples():
+            rounds = store.rounds(run.id)
+            rows.append(
+                {
+                    "run_id": run.id,
+                    "algorithm": run.algorithm,
+                    "status": run.status,
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
+                    "rounds": int(rounds["round"].max()) if len(rounds) else 0,
+                    "global_auc": _num(rounds["global_auc"].iloc[-1]) if len(rounds) else None,
+                }
+            )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print(f"no runs in {runs_dir}")
+    for r in rows:
+        print(
+            f"{r['run_id']}  {r['algorithm']:<11} {r['status']:<10} {r['started']}  "
+            f"rounds {r['rounds']:<4} AUC {_fmt(r['global_auc'])}"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        simulate(config_from_args(args), args.json)
+    elif args.command == "demo":
+        config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)
+        simulate(config, args.json)
+        if not args.json:
+            print(
+                f"Runs are recorded in {Path(args.runs_dir) / 'fed_auc.sqlite'}; list them "
+                f"with `fed-auc runs --runs-dir {args.runs_dir}`, and open the dashboard "
+                f"with `fed-auc dashboard --runs-dir {args.runs_dir}`."
+            )
+    elif args.command == "runs":
+        list_runs(args.runs_dir, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

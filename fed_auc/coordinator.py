@@ -1,0 +1,218 @@
+"""The round loop: sample, dispatch, validate, aggregate, evaluate, record, checkpoint.
+
+The coordinator owns no math: the backend plans and aggregates, the nodes train and score,
+the store records. One round here is what DESIGN.md's "One round, as data flows" describes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fed_auc.algorithms.base import Backend, Reply, ServerState, model_part
+from fed_auc.heterogeneity import flat_update, tensor_norm, update_signals
+from fed_auc.io import save_torch
+from fed_auc.metrics import mean_auc, per_label_auc
+from fed_auc.node import Evaluation
+from fed_auc.store import RoundRecord, RunStore, SiteRound
+from fed_auc.trainable import Trainable
+from fed_auc.transport.base import NodeFailure, payload_bytes
+from fed_auc.validation import InvalidReply, validate_reply
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class FederationError(RuntimeError):
+    """The federation cannot go on (e.g. no valid reply in a round)."""
+
+
+def global_prevalence(registrations: Mapping[str, Mapping[str, Any]]) -> list[float]:
+    """p per label: pooled positives over pooled known labels, from the sites' counts."""
+    positives = np.sum([r["positives"] for r in registrations.values()], axis=0)
+    known = np.sum([r["known"] for r in registrations.values()], axis=0)
+    if np.any(positives == 0) or np.any(positives == known):
+        raise FederationError(
+            f"global prevalence must be in (0, 1) for every label; positives {positives.tolist()}"
+            f" of {known.tolist()} known labels across sites"
+        )
+    return (positives / known).tolist()
+
+
+def sample_sites(sites: Sequence[str], participation: float, seed: int, round_: int) -> list[str]:
+    """Seeded partial participation: ⌈participation · N⌉ sites, at least one."""
+    k = max(1, int(np.ceil(participation * len(sites))))
+    if k >= len(sites):
+        return list(sites)
+    chosen = random.Random(f"{seed}:{round_}").sample(list(sites), k)
+    return [s for s in sites if s in chosen]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        backend: Backend,
+        transport,
+        store: RunStore,
+        run_id: str,
+        run_dir: str | Path,
+        trainable: Trainable,
+        participation: float = 1.0,
+        seed: int = 0,
+        pooled_scoring: bool = True,
+    ) -> None:
+        if not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {participation!r}")
+        self.backend = backend
+        self.transport = transport
+        self.store = store
+        self.run_id = run_id
+        self.run_dir = Path(run_dir)
+        self.trainable = trainable
+        self.participation = participation
+        self.seed = seed
+        self.pooled_scoring = pooled_scoring
+        registrations = transport.register()
+        self.sites: list[str] = list(registrations)
+        self.pos_ratio = global_prevalence(registrations)
+        self.registrations = registrations
+        self.state: ServerState = backend.init_server(trainable, len(self.sites))
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(
+        self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None
+    ) -> list[RoundRecord]:
+        """Evaluate the initial model (round 0), then train ``rounds`` rounds."""
+        results = [self.evaluate_initial()]
+        for _ in range(rounds):
+            results.append(self.run_round())
+            if on_round is not None:
+                on_round(results[-1])
+        return results
+
+    def evaluate_initial(self) -> RoundRecord:
+        record = RoundRecord(round=0, stage=0, lr=None)
+        site_rows = {s: SiteRound(site=s, status="initial") for s in self.sites}
+        self._evaluate(record, site_rows)
+        self._finish_round(record, site_rows)
+        return record
+
+    def run_round(self) -> RoundRecord:
+        start = time.perf_counter()
+        round_ = self.state["round"]
+        selected = sample_sites(self.sites, self.participation, self.seed, round_)
+        record = RoundRecord(round=round_ + 1)
+        rows = {s: SiteRound(site=s, status="idle") for s in self.sites}
+        for site in selected:
+            rows[site].status = "selected"
+        signals: dict[str, Any] = {}
+        for phase in self.backend.phases:
+            broadcast = self.backend.plan(self.state, round_, phase)
+            broadcast.config["pos_ratio"] = self.pos_ratio
+            record.stage = broadcast.config.get("stage")
+            record.lr = broadcast.config.get("lr")
+            down = payload_bytes(broadcast.tensors)
+            answers = self.transport.train(selected, broadcast)
+            valid = self._screen(answers, broadcast.tensors, rows, record, down)
+            if not valid:
+                raise FederationError(f"round {round_ + 1}: no valid reply from {selected}")
+            signals = update_signals(
+                {r.site: flat_update(broadcast.tensors, r.tensors) for r in valid}
+            )
+            self.state = self.backend.aggregate(self.state, valid, phase)
+        for site, values in signals.items():
+            for key, value in values.items():
+                setattr(rows[site], key, value)
+        self._evaluate(record, rows)
+        record.duration_s = time.perf_counter() - start
+        self._finish_round(record, rows)
+        return record
+
+    # -- steps --------------------------------------------------------------------------
+    def _screen(
+        self,
+        answers: Mapping[str, Reply | NodeFailure],
+        sent: Mapping[str, Any],
+        rows: dict[str, SiteRound],
+        record: RoundRecord,
+        down: int,
+    ) -> list[Reply]:
+        """Validate every answer; record failures and rejections as events, keep the rest."""
+        model = model_part(dict(sent))
+        valid = []
+        for site, answer in answers.items():
+            row = rows[site]
+            row.bytes_down = (row.bytes_down or 0) + down
+            record.bytes_down += down
+            if isinstance(answer, NodeFailure):
+                row.status = answer.status
+                record.events.append((site, "error", f"{answer.status}: {answer.message}"))
+                continue
+            try:
+                validate_reply(answer, model, self.backend.reply_extras())
+            except InvalidReply as exc:
+                row.status = "rejected"
+                record.events.append((site, "error", f"rejected: {exc}"))
+                continue
+            up = payload_bytes(answer.tensors)
+            row.bytes_up = (row.bytes_up or 0) + up
+            record.bytes_up += up
+            row.status, row.steps, row.n = "completed", answer.steps, answer.num_examples
+            row.positives = self.registrations[site]["positives"]
+            row.train_loss = answer.metrics.get("train_loss")
+            row.cv_drift = tensor_norm(answer.tensors, "dc/")
+            valid.append(answer)
+        return valid
+
+    def _evaluate(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
+        """Every site scores the global model; pooled test AUC when scores may leave."""
+        model = self.backend.global_tensors(self.state)
+        answers = self.transport.evaluate(self.sites, model, pooled=self.pooled_scoring)
+        evaluations: dict[str, Evaluation] = {}
+        for site, answer in answers.items():
+            if isinstance(answer, NodeFailure):
+                record.events.append(
+                    (site, "warning", f"evaluation {answer.status}: {answer.message}")
+                )
+                continue
+            evaluations[site] = answer
+            row, test, val = rows[site], answer.splits["test"], answer.splits["val"]
+            site_auc = mean_auc(test.aucs)
+            first = test.aucs[0]
+            row.auc = site_auc
+            if len(test.aucs) == 1:
+                row.auc_lo, row.auc_hi = first.lo, first.hi
+            row.val_auc = mean_auc(val.aucs)
+            row.n_test, row.test_positives = test.n, test.positives
+            row.metrics = {
+                "test_auc_per_label": [a.auc for a in test.aucs],
+                "undefined": [a.reason for a in test.aucs if a.reason],
+            }
+        site_aucs = {s: rows[s].auc for s in evaluations}
+        defined = [a for a in site_aucs.values() if a is not None]
+        record.worst_site_auc = min(defined) if defined else None
+        record.mean_site_auc = float(np.mean(defined)) if defined else None
+        record.global_auc, per_label = self._pooled(evaluations, "test")
+        record.global_val_auc, _ = self._pooled(evaluations, "val")
+        record.metrics = {"global_auc_per_label": per_label}
+
+    def _pooled(
+        self, evaluations: Mapping[str, Evaluation], split: str
+    ) -> tuple[float | None, list[float | None]]:
+        parts = [e.splits[split] for e in evaluations.values() if e.splits[split].n > 0]
+        if not parts or parts[0].scores is None:
+            return None, []
+        labels = np.concatenate([p.labels for p in parts])
+        scores = np.concatenate([p.scores for p in parts])
+        aucs = per_label_auc(labels, scores)
+        return mean_auc(aucs), [a.auc for a in aucs]
+
+    def _finish_round(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
+        """Record the round in one transaction, then checkpoint the server state."""
+        record.sites = list(rows.values())
+        self.store.record_round(self.run_id, record)
+        save_torch({"round": record.round, "state": self.state}, self.run_dir / CHECKPOINT_FILE)

@@ -1,0 +1,117 @@
+"""Seeded, resumable mini-batch stream for local training on one site's split.
+
+AUC losses need both classes in every batch (the pairwise terms vanish otherwise), and
+hospital prevalence can be a few percent, so positives are over-sampled to a floor per
+batch. Everything else is plain epoch-wise shuffling without replacement.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fed_auc.data.base import Split
+
+
+class BatchStream:
+    """Infinite iterator of `(x, y)` batches of exactly `batch_size` rows of a split.
+
+    Rows come from epoch-wise random permutations of the split, consumed in order, so with no
+    floor every row is seen once per epoch. A row is positive when any of its labels is 1.
+    When the split has both positive and negative rows, a batch that would carry fewer than
+    ceil(min_pos_fraction * batch_size) positives takes fewer rows from the permutation and
+    tops up with positives from a separate, cycling permutation of the positives; the rows it
+    did not take stay first in line for the next batch. A split smaller than batch_size spans
+    several reshuffled epochs in one batch, i.e. rows repeat (sampling with replacement).
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        batch_size: int,
+        seed: int = 0,
+        min_pos_fraction: float = 0.2,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
+        if not (isinstance(min_pos_fraction, (int, float)) and 0 <= min_pos_fraction < 1):
+            raise ValueError(f"min_pos_fraction = {min_pos_fraction!r}: must be in [0, 1)")
+        if len(split) == 0:
+            raise ValueError("cannot sample batches from an empty split")
+        self.split = split
+        self.batch_size = batch_size
+        self._positive = (split.labels == 1).any(dim=1)
+        self._positive_rows = torch.nonzero(self._positive).flatten()
+        has_both = 0 < len(self._positive_rows) < len(split)
+        self.min_positives = math.ceil(min_pos_fraction * batch_size) if has_both else 0
+        self._generator = torch.Generator().manual_seed(int(seed))
+        self._queue = torch.empty(0, dtype=torch.long)  # rest of the current epoch(s)
+        self._positive_queue = torch.empty(0, dtype=torch.long)
+        self.epoch = 0  # epochs started so far
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.next_indices()
+        return self.split.images[rows], self.split.labels[rows]
+
+    def next_indices(self) -> torch.Tensor:
+        """Row indices of the next batch (what `next()` gathers)."""
+        self._fill_queue()
+        window = self._queue[: self.batch_size]
+        take = self._rows_to_take(self._positive[window])
+        rows = self._queue[:take]
+        self._queue = self._queue[take:]
+        extra = self.batch_size - take
+        if extra:
+            rows = torch.cat([rows, self._next_positives(extra)])
+        return rows
+
+    def _rows_to_take(self, window_positive: torch.Tensor) -> int:
+        """Largest m with m + max(0, floor - positives in the first m rows) == batch_size.
+
+        That total grows by 0 or 1 per extra row, so the largest m meeting it is exact.
+        """
+        if self.min_positives == 0:
+            return self.batch_size
+        m = torch.arange(self.batch_size + 1)
+        positives = torch.cat([torch.zeros(1, dtype=torch.long), window_positive.cumsum(0)])
+        total = m + (self.min_positives - positives).clamp(min=0)
+        return int(m[total == self.batch_size].max())
+
+    def _fill_queue(self) -> None:
+        while len(self._queue) < self.batch_size:
+            epoch = torch.randperm(len(self.split), generator=self._generator)
+            self._queue = torch.cat([self._queue, epoch])
+            self.epoch += 1
+
+    def _next_positives(self, count: int) -> torch.Tensor:
+        while len(self._positive_queue) < count:
+            order = torch.randperm(len(self._positive_rows), generator=self._generator)
+            self._positive_queue = torch.cat([self._positive_queue, self._positive_rows[order]])
+        rows, self._positive_queue = self._positive_queue[:count], self._positive_queue[count:]
+        return rows
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state and stream position: enough to continue the stream exactly."""
+        return {
+            "generator": self._generator.get_state(),
+            "queue": self._queue.clone(),
+            "positive_queue": self._positive_queue.clone(),
+            "epoch": self.epoch,
+            "num_rows": len(self.split),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` of a stream over the same split."""
+        if state["num_rows"] != len(self.split):
+            raise ValueError(
+                f"state is for a split of {state['num_rows']} rows, this one has {len(self.split)}"
+            )
+        self._generator.set_state(state["generator"])
+        self._queue = state["queue"].clone()
+        self._positive_queue = state["positive_queue"].clone()
+        self.epoch = int(state["epoch"])

@@ -1,0 +1,511 @@
+"""Procedural chest-X-ray-like hospital federation: the embedded default data of fed-auc.
+
+Every site draws patients (anatomy, exposure, findings) from one population but images them
+with its own scanner (brightness, contrast, blur, noise), at its own prevalence and size, so a
+federation shows feature shift, label skew and quantity skew at once. Everything is a pure
+function of the seed, so demos, tests and benchmarks are reproducible bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fed_auc.data.base import SiteData, Split
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+FINDINGS = ("opacity", "effusion", "cardiomegaly", "nodule", "consolidation")
+"""Multi-label findings, each with its own visual signature; `num_labels=L` takes the first L."""
+
+GENERIC_FINDING = "finding"
+"""Single-label default: lesion-like opacities (the same signature as "opacity")."""
+
+REFERENCE_SIZE = 28
+"""`blur_sigma` is in pixels of a 28 px image; it scales with image_size so images look alike."""
+
+# Appearance of the population (intensities before the scanner, in [0, 1]).
+_BACKGROUND, _SOFT_TISSUE, _LUNG, _SPINE = 0.05, 0.62, 0.30, 0.10
+_RIB_AMPLITUDE, _TEXTURE_AMPLITUDE = 0.05, 0.05
+_EXPOSURE_GAIN_STD, _EXPOSURE_OFFSET_STD = 0.08, 0.04
+# Peak lesion brightness at lesion_strength 1 (tuned in benchmarks/synthetic_difficulty.py).
+_AMPLITUDE = {"opacity": 0.12, "effusion": 0.15, "nodule": 0.2, "consolidation": 0.1}
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RANGES: dict[str, tuple[float, float]] = {
+    "intensity_shift": (-0.5, 0.5),
+    "contrast": (0.05, 4.0),
+    "noise_std": (0.0, 0.5),
+    "blur_sigma": (0.0, 5.0),
+    "lesion_strength": (0.0, 5.0),
+}
+
+
+@dataclass(frozen=True)
+class SiteProfile:
+    """One synthetic hospital: its size, prevalence and scanner.
+
+    prevalence is one value for every label or one value per label (in FINDINGS order).
+    intensity_shift is added after contrast, contrast scales around 0.5, noise_std is the
+    per-pixel Gaussian noise, blur_sigma is in pixels at 28 px, lesion_strength scales how
+    conspicuous findings are (a low-dose or low-resolution scanner hides them).
+    """
+
+    name: str
+    n_train: int
+    n_val: int
+    n_test: int
+    prevalence: float | tuple[float, ...]
+    intensity_shift: float = 0.0
+    contrast: float = 1.0
+    noise_std: float = 0.03
+    blur_sigma: float = 0.0
+    lesion_strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prevalence, list):
+            object.__setattr__(self, "prevalence", tuple(self.prevalence))
+        _validate(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> SiteProfile:
+        """Build a profile from plain values; errors name `source`, the field and the value."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown field(s) {unknown}; valid fields are {sorted(known)}"
+            )
+        missing = sorted(f.name for f in fields(cls) if f.default is MISSING and f.name not in data)
+        if missing:
+            raise ValueError(f"{source}: missing required field(s) {missing}")
+        try:
+            return cls(**data)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> SiteProfile:
+        """Read the `[synthetic]` table of a site TOML, with `name` at the top level.
+
+        Other top-level keys and tables belong to the node's configuration and are left alone.
+        """
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read site config: {err}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: invalid TOML: {err}") from None
+        table = data.get("synthetic")
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: missing [synthetic] table")
+        if "name" in table:
+            raise ValueError(f"{path}: field 'synthetic.name': put `name` at the top level")
+        if "name" not in data:
+            raise ValueError(f"{path}: missing required top-level field 'name'")
+        return cls.from_dict({"name": data["name"], **table}, source=str(path))
+
+    def prevalences(self, num_labels: int) -> list[float]:
+        """Prevalence of each of the first `num_labels` labels."""
+        if isinstance(self.prevalence, tuple):
+            if len(self.prevalence) < num_labels:
+                raise ValueError(
+                    f"site {self.name!r}: field 'prevalence' has {len(self.prevalence)} "
+                    f"value(s) but {num_labels} label(s) were requested"
+                )
+            return list(self.prevalence[:num_labels])
+        return [self.prevalence] * num_labels
+
+
+def _field_error(name: str, value: Any, reason: str) -> ValueError:
+    return ValueError(f"field '{name}' = {value!r}: {reason}")
+
+
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _field_error(name, value, "must be a number")
+    if not math.isfinite(value):
+        raise _field_error(name, value, "must be finite")
+    return float(value)
+
+
+def _validate(p: SiteProfile) -> None:
+    """Reject values that would silently produce nonsense data."""
+    if not isinstance(p.name, str) or not _NAME_PATTERN.match(p.name):
+        raise _field_error("name", p.name, "must be a non-empty identifier [A-Za-z0-9_.-]")
+    for name, minimum in (("n_train", 1), ("n_val", 0), ("n_test", 0)):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _field_error(name, value, "must be an integer")
+        if value < minimum:
+            raise _field_error(name, value, f"must be >= {minimum}")
+    values = p.prevalence if isinstance(p.prevalence, tuple) else (p.prevalence,)
+    if not values:
+        raise _field_error("prevalence", p.prevalence, "must not be empty")
+    for value in values:
+        if not 0.0 < _check_number("prevalence", value) < 1.0:
+            raise _field_error("prevalence", p.prevalence, "every value must be in (0, 1)")
+    for name, (low, high) in _RANGES.items():
+        value = _check_number(name, getattr(p, name))
+        if not low <= value <= high:
+            raise _field_error(name, value, f"must be in [{low}, {high}]")
+
+
+DEFAULT_PROFILES: list[SiteProfile] = [
+    # Large academic centre, reference scanner, moderate prevalence.
+    SiteProfile("st_elsewhere", 600, 150, 200, (0.2, 0.12, 0.1, 0.06, 0.08)),
+    # Busy city hospital: sick population, bright high-contrast scanner.
+    SiteProfile(
+        "county_general", 400, 100, 150, (0.35, 0.2, 0.15, 0.08, 0.18),
+        intensity_shift=0.08, contrast=1.2, noise_std=0.04, blur_sigma=0.4,
+    ),
+    # Small rural hospital: old, dark, washed-out, blurry, noisy scanner; rare findings.
+    SiteProfile(
+        "mercy_rural", 150, 50, 100, 0.08,
+        intensity_shift=-0.15, contrast=0.7, noise_std=0.07, blur_sigma=1.0,
+        lesion_strength=0.85,
+    ),
+    # Outpatient clinic: mostly healthy, slightly flat images.
+    SiteProfile(
+        "lakeside_clinic", 250, 60, 100, (0.1, 0.05, 0.06, 0.1, 0.04),
+        intensity_shift=0.03, contrast=0.9, noise_std=0.05, blur_sigma=0.3,
+    ),
+    # Trauma ICU, portable unit: very sick, overexposed, small.
+    SiteProfile(
+        "northgate_icu", 120, 40, 80, (0.4, 0.35, 0.2, 0.05, 0.3),
+        intensity_shift=0.12, contrast=1.3, noise_std=0.05, blur_sigma=0.6,
+    ),
+    # Imaging centre with a low-dose protocol: noisy, slightly dark.
+    SiteProfile(
+        "valley_imaging", 300, 80, 120, 0.25,
+        intensity_shift=-0.05, contrast=1.05, noise_std=0.09, blur_sigma=0.8,
+        lesion_strength=0.9,
+    ),
+]  # fmt: skip
+
+
+def make_site(
+    profile: SiteProfile,
+    image_size: int = REFERENCE_SIZE,
+    label_names: Sequence[str] = (GENERIC_FINDING,),
+    seed: int = 0,
+) -> SiteData:
+    """Generate one site's train / val / test splits.
+
+    Each split has its own generator derived from (seed, split), so changing n_train does not
+    change the test images. Label names pick the visual signature (see FINDINGS).
+    """
+    label_names = list(label_names)
+    _check_labels(label_names)
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+        raise ValueError(f"image_size = {image_size!r}: must be an integer >= 8")
+    prevalences = profile.prevalences(len(label_names))
+    counts = {"train": profile.n_train, "val": profile.n_val, "test": profile.n_test}
+    splits = {
+        split: _make_split(profile, n, image_size, label_names, prevalences, _derive(seed, k))
+        for k, (split, n) in enumerate(counts.items())
+    }
+    meta = {
+        "source": "synthetic",
+        "seed": int(seed),
+        "image_size": image_size,
+        "profile": asdict(profile),
+        "prevalence": prevalences,
+        "license": "CC0-1.0 (procedurally generated, no patient data)",
+        "intended_use": "demos, tests and benchmarks of federated AUC maximization; not clinical",
+    }
+    return SiteData(profile.name, label_names=label_names, meta=meta, **splits)
+
+
+def make_synthetic_federation(
+    num_sites: int = 4,
+    image_size: int = REFERENCE_SIZE,
+    num_labels: int = 1,
+    seed: int = 0,
+    profiles: Sequence[SiteProfile] | None = None,
+    scale: float = 1.0,
+) -> list[SiteData]:
+    """The first `num_sites` profiles (DEFAULT_PROFILES unless given) as a federation.
+
+    num_labels = 1 gives the single generic label "finding"; more take the first FINDINGS.
+    scale multiplies every split size (at least 2 images each) for quick tests.
+    """
+    profiles = list(DEFAULT_PROFILES if profiles is None else profiles)
+    if not 1 <= num_sites <= len(profiles):
+        raise ValueError(f"num_sites = {num_sites!r}: must be in [1, {len(profiles)}]")
+    if not 1 <= num_labels <= len(FINDINGS):
+        raise ValueError(f"num_labels = {num_labels!r}: must be in [1, {len(FINDINGS)}]")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale = {scale!r}: must be > 0")
+    label_names = [GENERIC_FINDING] if num_labels == 1 else list(FINDINGS[:num_labels])
+    return [
+        make_site(_scaled(p, scale), image_size, label_names, _derive(seed, i))
+        for i, p in enumerate(profiles[:num_sites])
+    ]
+
+
+def _scaled(profile: SiteProfile, scale: float) -> SiteProfile:
+    if scale == 1.0:
+        return profile
+    n = {k: max(2, round(getattr(profile, k) * scale)) for k in ("n_train", "n_val", "n_test")}
+    return replace(profile, **n)
+
+
+def _derive(seed: int, index: int) -> int:
+    """An independent 63-bit seed for child `index` of `seed`."""
+    state = np.random.SeedSequence([int(seed), index]).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+def _check_labels(label_names: list[str]) -> None:
+    valid = (GENERIC_FINDING, *FINDINGS)
+    if not label_names:
+        raise ValueError("label_names must not be empty")
+    for name in label_names:
+        if name not in valid:
+            raise ValueError(f"label name {name!r} has no visual signature; valid: {valid}")
+    if len(set(label_names)) != len(label_names):
+        raise ValueError(f"label_names {label_names} contain duplicates")
+
+
+def _make_split(
+    profile: SiteProfile,
+    n: int,
+    size: int,
+    label_names: list[str],
+    prevalences: list[float],
+    seed: int,
+) -> Split:
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.stack([_exact_labels(gen, n, p) for p in prevalences], dim=1)
+    patients = _render_patients(gen, labels, label_names, size, profile.lesion_strength)
+    return Split(_scanner(gen, patients, profile, size), labels)
+
+
+def _exact_labels(gen: torch.Generator, n: int, prevalence: float) -> torch.Tensor:
+    """round(p·n) positives at random rows, at least one of each class when n >= 2.
+
+    Exact counts keep the prevalence of small splits on profile and every split scoreable.
+    """
+    k = min(max(round(prevalence * n), 1), n - 1) if n >= 2 else 0
+    labels = torch.zeros(n)
+    labels[torch.randperm(n, generator=gen)[:k]] = 1.0
+    return labels
+
+
+def _uniform(gen: torch.Generator, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
+    return low + (high - low) * torch.rand(shape, generator=gen)
+
+
+def _normal(gen: torch.Generator, shape: tuple[int, ...], std: float) -> torch.Tensor:
+    return std * torch.randn(shape, generator=gen)
+
+
+def _soft_ellipse(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    center: tuple[torch.Tensor, torch.Tensor],
+    axes: tuple[torch.Tensor, torch.Tensor],
+    edge: float,
+) -> torch.Tensor:
+    """1 inside the ellipse, 0 outside, with a soft rim so small images do not alias."""
+    r = torch.sqrt(((x - center[0]) / axes[0]) ** 2 + ((y - center[1]) / axes[1]) ** 2)
+    return torch.sigmoid((1.0 - r) * edge)
+
+
+@dataclass
+class _Lungs:
+    """Per-patient lung geometry, (n, 2, 1, 1) each: index 0 = image left, 1 = image right."""
+
+    cx: torch.Tensor
+    cy: torch.Tensor
+    ax: torch.Tensor
+    ay: torch.Tensor
+    masks: torch.Tensor  # (n, 2, S, S)
+
+
+def _render_patients(
+    gen: torch.Generator,
+    labels: torch.Tensor,
+    label_names: list[str],
+    size: int,
+    lesion_strength: float,
+) -> torch.Tensor:
+    """Patients as the ideal scanner would see them: (n, 1, S, S), roughly in [0, 1]."""
+    n = labels.shape[0]
+    x, y = _patient_coordinates(gen, n, size)
+    body = _soft_ellipse(
+        x, y, (_normal(gen, (n, 1, 1, 1), 0.03), 0.1 + _normal(gen, (n, 1, 1, 1), 0.03)),
+        (0.86 * (1 + _normal(gen, (n, 1, 1, 1), 0.04)), torch.tensor(1.05)), edge=10.0,
+    )  # fmt: skip
+    lungs = _draw_lungs(gen, x, y)
+    heart = _draw_heart(gen, x, y, _heart_enlargement(gen, labels, label_names))
+    lung = lungs.masks.sum(1, keepdim=True).clamp(max=1.0) * (1.0 - heart)
+    image = _BACKGROUND + (_SOFT_TISSUE - _BACKGROUND) * body
+    image = image + _SPINE * torch.exp(-((x / 0.09) ** 2)) * body
+    image = image - (_SOFT_TISSUE - _LUNG) * lung
+    image = image + _RIB_AMPLITUDE * _ribs(gen, x, y) * (lung + 0.3 * body)
+    image = image + _TEXTURE_AMPLITUDE * _smooth_field(gen, n, size) * lung
+    for j, name in enumerate(label_names):
+        if name != "cardiomegaly":
+            finding = _finding(gen, name, labels[:, j] == 1, x, y, lungs)
+            image = image + lesion_strength * finding * lung
+    gain = 1.0 + _normal(gen, (n, 1, 1, 1), _EXPOSURE_GAIN_STD)
+    return image * gain + _normal(gen, (n, 1, 1, 1), _EXPOSURE_OFFSET_STD)
+
+
+def _patient_coordinates(
+    gen: torch.Generator, n: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Image grid in [-1, 1] rotated by each patient's small positioning error."""
+    c = torch.linspace(-1.0, 1.0, size)
+    gy, gx = torch.meshgrid(c, c, indexing="ij")
+    theta = _uniform(gen, (n, 1, 1, 1), -0.08, 0.08)
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    return gx * cos + gy * sin, -gx * sin + gy * cos
+
+
+def _draw_lungs(gen: torch.Generator, x: torch.Tensor, y: torch.Tensor) -> _Lungs:
+    n = x.shape[0]
+    side = torch.tensor([-1.0, 1.0]).view(1, 2, 1, 1)
+    cx = side * (0.38 + _normal(gen, (n, 2, 1, 1), 0.03))
+    cy = -0.06 + _normal(gen, (n, 1, 1, 1), 0.04) + _normal(gen, (n, 2, 1, 1), 0.015)
+    ax = 0.25 * (1.0 + _normal(gen, (n, 2, 1, 1), 0.07))
+    ay = 0.6 * (1.0 + _normal(gen, (n, 1, 1, 1), 0.07))
+    masks = _soft_ellipse(x, y, (cx, cy), (ax, ay), edge=12.0)
+    return _Lungs(cx, cy, ax, ay, masks)
+
+
+def _heart_enlargement(
+    gen: torch.Generator, labels: torch.Tensor, label_names: list[str]
+) -> torch.Tensor:
+    """Heart width factor: 1 unless the patient is positive for cardiomegaly."""
+    factor = _uniform(gen, (labels.shape[0],), 1.25, 1.45)
+    if "cardiomegaly" not in label_names:
+        return torch.ones_like(factor)
+    positive = labels[:, label_names.index("cardiomegaly")] == 1
+    return torch.where(positive, factor, torch.ones_like(factor))
+
+
+def _draw_heart(
+    gen: torch.Generator, x: torch.Tensor, y: torch.Tensor, enlargement: torch.Tensor
+) -> torch.Tensor:
+    n = x.shape[0]
+    center = (0.1 + _normal(gen, (n, 1, 1, 1), 0.03), 0.3 + _normal(gen, (n, 1, 1, 1), 0.03))
+    width = 0.27 * (1.0 + _normal(gen, (n, 1, 1, 1), 0.08)) * enlargement.view(n, 1, 1, 1)
+    height = 0.22 * (1.0 + _normal(gen, (n, 1, 1, 1), 0.06))
+    return _soft_ellipse(x, y, center, (width, height), edge=10.0)
+
+
+def _ribs(gen: torch.Generator, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Curved periodic stripes with per-patient spacing and phase."""
+    n = x.shape[0]
+    frequency = _uniform(gen, (n, 1, 1, 1), 3.4, 4.2)
+    phase = _uniform(gen, (n, 1, 1, 1), 0.0, 2 * math.pi)
+    return torch.sin(2 * math.pi * frequency * (y + 0.3 * x**2) + phase)
+
+
+def _smooth_field(gen: torch.Generator, n: int, size: int) -> torch.Tensor:
+    """Smooth zero-mean random field (vessel markings), a natural look-alike of faint lesions."""
+    coarse = torch.randn((n, 1, 6, 6), generator=gen)
+    return F.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=False)
+
+
+def _finding(
+    gen: torch.Generator,
+    name: str,
+    positive: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lungs: _Lungs,
+) -> torch.Tensor:
+    """Additive brightness of one finding (zero for negatives), before the lung mask."""
+    gate = positive.float().view(-1, 1, 1, 1)
+    if name == "effusion":
+        return gate * _effusion(gen, x, y, lungs)
+    if name == "nodule":
+        field = _blobs(gen, x, y, lungs, max_count=1, sigma=(0.035, 0.06))
+    elif name == "consolidation":
+        field = (1.6 * _blobs(gen, x, y, lungs, max_count=1, sigma=(0.16, 0.26))).clamp(max=1.0)
+    else:  # opacity and the generic finding
+        name = "opacity"
+        field = _blobs(gen, x, y, lungs, max_count=3, sigma=(0.07, 0.15))
+    return gate * _AMPLITUDE[name] * field
+
+
+def _blobs(
+    gen: torch.Generator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lungs: _Lungs,
+    max_count: int,
+    sigma: tuple[float, float],
+) -> torch.Tensor:
+    """1..max_count soft Gaussian blobs per image, centred inside a random lung, peak <= 1."""
+    n, k = x.shape[0], max_count
+    side = (torch.rand((n, k), generator=gen) < 0.5).long().view(n, k, 1, 1)
+    cx, cy = lungs.cx.expand(n, 2, 1, 1), lungs.cy.expand(n, 2, 1, 1)
+    ax, ay = lungs.ax.expand(n, 2, 1, 1), lungs.ay.expand(n, 2, 1, 1)
+    radius = 0.75 * torch.sqrt(torch.rand((n, k, 1, 1), generator=gen))
+    angle = _uniform(gen, (n, k, 1, 1), 0.0, 2 * math.pi)
+    bx = cx.gather(1, side) + radius * torch.cos(angle) * ax.gather(1, side)
+    by = cy.gather(1, side) + radius * torch.sin(angle) * ay.gather(1, side)
+    s = _uniform(gen, (n, k, 1, 1), *sigma)
+    strength = _uniform(gen, (n, k, 1, 1), 0.6, 1.0)
+    count = torch.randint(1, k + 1, (n, 1, 1, 1), generator=gen)
+    present = (torch.arange(k).view(1, k, 1, 1) < count).float()
+    blob = torch.exp(-((x - bx) ** 2 + (y - by) ** 2) / (2 * s**2))
+    return (present * strength * blob).sum(1, keepdim=True).clamp(max=1.0)
+
+
+def _effusion(
+    gen: torch.Generator, x: torch.Tensor, y: torch.Tensor, lungs: _Lungs
+) -> torch.Tensor:
+    """Fluid filling the base of one or both lungs, its meniscus rising laterally."""
+    n = x.shape[0]
+    which = torch.randint(0, 3, (n, 1, 1, 1), generator=gen)  # 0 left, 1 right, 2 both
+    sides = torch.cat([(which != 1), (which != 0)], dim=1).float()  # (n, 2, 1, 1)
+    depth = _uniform(gen, (n, 2, 1, 1), 0.2, 0.4)
+    strength = _uniform(gen, (n, 1, 1, 1), 0.6, 1.0)
+    lateral = torch.relu((x - lungs.cx) * torch.sign(lungs.cx) / lungs.ax)
+    level = lungs.cy + lungs.ay * (1.0 - 2.0 * depth) - 0.25 * lungs.ay * lateral
+    fluid = torch.sigmoid((y - level) * 30.0) * lungs.masks * sides
+    return _AMPLITUDE["effusion"] * strength * fluid.sum(1, keepdim=True).clamp(max=1.0)
+
+
+def _scanner(
+    gen: torch.Generator, patients: torch.Tensor, profile: SiteProfile, size: int
+) -> torch.Tensor:
+    """The site's acquisition: contrast, brightness, blur, noise, then the [0, 1] window.
+
+    Noise is always drawn, so the same seed images the same patients on every scanner.
+    """
+    image = (patients - 0.5) * profile.contrast + 0.5 + profile.intensity_shift
+    image = _gaussian_blur(image, profile.blur_sigma * size / REFERENCE_SIZE)
+    noise = torch.randn(image.shape, generator=gen)
+    return (image + profile.noise_std * noise).clamp(0.0, 1.0).contiguous()
+
+
+def _gaussian_blur(image: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur by conv2d; edge pixels are replicated, not darkened."""
+    if sigma < 1e-3:
+        return image
+    radius = max(1, math.ceil(3 * sigma))
+    offsets = torch.arange(-radius, radius + 1, dtype=image.dtype)
+    kernel = torch.exp(-(offsets**2) / (2 * sigma**2))
+    kernel = kernel / kernel.sum()
+    padded = F.pad(image, (radius, radius, radius, radius), mode="replicate")
+    blurred = F.conv2d(padded, kernel.view(1, 1, 1, -1))
+    return F.conv2d(blurred, kernel.view(1, 1, -1, 1))

@@ -1,0 +1,96 @@
+"""Export a trained global model in the registry format: ``model.pt`` plus a model card.
+
+``model.pt`` holds only tensors, strings and numbers (loadable with ``weights_only=True``):
+the network weights, the AUC variables a, b, α, and the architecture config needed to
+rebuild the network. The card says what the model was trained on, how, and how well it did
+per site.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fed_auc.io import save_json, save_text, save_torch
+from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors
+
+MODEL_FORMAT = "fed-auc-model/1"
+
+
+def export_model(
+    out_dir: str | Path,
+    tensors: Tensors,
+    model_config: dict[str, Any],
+    card: dict[str, Any],
+) -> Path:
+    """Write ``model.pt``, ``model_card.json`` and ``MODEL_CARD.md``; returns ``model.pt``."""
+    out_dir = Path(out_dir)
+    state_dict = {
+        name[len(prefix) :]: t
+        for name, t in tensors.items()
+        for prefix in (WEIGHT, BUFFER)
+        if name.startswith(prefix)
+    }
+    auc = {name[len(AUC) :]: t for name, t in tensors.items() if name.startswith(AUC)}
+    path = out_dir / "model.pt"
+    save_torch(
+        {
+            "format": MODEL_FORMAT,
+            "model_config": model_config,
+            "state_dict": state_dict,
+            "auc": auc,
+            "label_names": card["label_names"],
+        },
+        path,
+    )
+    save_json(card, out_dir / "model_card.json")
+    save_text(render_card(card), out_dir / "MODEL_CARD.md")
+    return path
+
+
+def render_card(card: dict[str, Any]) -> str:
+    """The model card as Markdown for people."""
+    lines = [
+        f"# Model card — run {card['run_id']}",
+        "",
+        f"- Algorithm: `{card['algorithm']}`, loss `{card['loss']}`, "
+        f"architecture `{card['model_config']['arch']}`, labels {card['label_names']}",
+        f"- Rounds: {card['rounds']}, sites: {len(card['sites'])}, seed {card['seed']}",
+        f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0: {_fmt(card['initial_auc'])}); "
+        f"worst site: {_fmt(card['worst_site_auc'])}",
+        "",
+        "## Hyperparameters",
+        "",
+        *[f"- {k}: {v}" for k, v in card["hyperparameters"].items()],
+        "",
+        "## Per-site test AUC of the final global model",
+        "",
+        "| site | n train | train positives | n test | test AUC | 95 % CI |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in card["sites"]:
+        ci = f"{_fmt(s['auc_lo'])}–{_fmt(s['auc_hi'])}" if s["auc_lo"] is not None else "—"
+        lines.append(
+            f"| {s['site']} | {s['n']} | {s['positives']} | {s['n_test']} | {_fmt(s['auc'])} "
+            f"| {ci} |"
+        )
+    lines += [
+        "",
+        "## Training data",
+        "",
+        card["data_description"],
+        "",
+        "## Intended use",
+        "",
+        card["intended_use"],
+        "",
+        "## Limitations",
+        "",
+        *[f"- {item}" for item in card["limitations"]],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.3f}"

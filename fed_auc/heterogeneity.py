@@ -1,0 +1,42 @@
+"""Per-site heterogeneity signals of one round, from the updates the sites sent.
+
+Δw_k = w_k − w (network weights only). A site whose update points away from the mean update
+(low cosine, high drift) sees data unlike the others'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from fed_auc.trainable import WEIGHT, Tensors
+
+
+def flat_update(sent: Tensors, returned: Tensors, prefix: str = WEIGHT) -> torch.Tensor:
+    names = [n for n in sent if n.startswith(prefix)]
+    return torch.cat([(returned[n].float() - sent[n].float()).flatten() for n in names])
+
+
+def update_signals(updates: Mapping[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """update_norm ‖Δ_k‖, drift ‖Δ_k − mean Δ‖ and cosine(Δ_k, mean Δ) for every site."""
+    if not updates:
+        return {}
+    mean = torch.stack(list(updates.values())).mean(dim=0)
+    mean_norm = float(mean.norm())
+    out = {}
+    for site, delta in updates.items():
+        norm = float(delta.norm())
+        denominator = norm * mean_norm
+        out[site] = {
+            "update_norm": norm,
+            "drift": float((delta - mean).norm()),
+            "cosine": float(delta @ mean) / denominator if denominator > 0 else 0.0,
+        }
+    return out
+
+
+def tensor_norm(tensors: Tensors, prefix: str) -> float | None:
+    """‖·‖ over the tensors with a prefix (e.g. CODASCA's Δc_k), None if there are none."""
+    parts = [t.float().flatten() for n, t in tensors.items() if n.startswith(prefix)]
+    return float(torch.cat(parts).norm()) if parts else None

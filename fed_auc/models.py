@@ -1,0 +1,145 @@
+"""DenseNet classifiers (MONAI) and their ordered layer groups for partial training.
+
+The network outputs one raw logit per label; the loss applies the sigmoid. Layer groups
+run from input to output (stem, dense blocks and transitions, final norm, classifier) so
+that weak sites can train an output-side suffix of them (EmbracingFL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from monai.networks.nets import DenseNet
+from torch import nn
+
+# arch -> (init_features, growth_rate, block_config)
+ARCHITECTURES: dict[str, tuple[int, int, tuple[int, ...]]] = {
+    "densenet121": (64, 32, (6, 12, 24, 16)),
+    "densenet169": (64, 32, (6, 12, 32, 32)),
+    "densenet201": (64, 32, (6, 12, 48, 32)),
+    "tiny": (16, 8, (2, 2, 2)),
+}
+
+MIN_SIDE = 32  # MONAI DenseNet121's downsampling needs at least 32 px per side
+_STEM_MODULES = ("conv0", "norm0", "relu0", "pool0")
+_CONFIG_KEYS = ("arch", "num_labels", "in_channels")
+
+
+def _check_arch(arch: str) -> tuple[int, int, tuple[int, ...]]:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}; valid: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[arch]
+
+
+class DenseNetClassifier(nn.Module):
+    """A 2-D MONAI DenseNet producing one logit per label, with small inputs upsampled."""
+
+    def __init__(self, arch: str, num_labels: int = 1, in_channels: int = 1) -> None:
+        super().__init__()
+        init_features, growth_rate, block_config = _check_arch(arch)
+        if num_labels < 1 or in_channels < 1:
+            raise ValueError(
+                f"num_labels and in_channels must be >= 1, got {num_labels} and {in_channels}"
+            )
+        self.arch = arch
+        self.num_labels = num_labels
+        self.in_channels = in_channels
+        self.net = DenseNet(
+            spatial_dims=2,
+            in_channels=in_channels,
+            out_channels=num_labels,
+            init_features=init_features,
+            growth_rate=growth_rate,
+            block_config=block_config,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) images -> (B, num_labels) logits."""
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected images of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+        height, width = x.shape[-2:]
+        if height < MIN_SIDE or width < MIN_SIDE:
+            size = (max(height, MIN_SIDE), max(width, MIN_SIDE))
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        return self.net(x)
+
+    def config(self) -> dict[str, Any]:
+        """JSON-able description from which `model_from_config` rebuilds the architecture."""
+        return {"arch": self.arch, "num_labels": self.num_labels, "in_channels": self.in_channels}
+
+
+def build_model(arch: str, num_labels: int = 1, in_channels: int = 1) -> DenseNetClassifier:
+    """A freshly initialised classifier of a named architecture."""
+    return DenseNetClassifier(arch, num_labels, in_channels)
+
+
+def model_from_config(cfg: dict[str, Any]) -> DenseNetClassifier:
+    """Inverse of `DenseNetClassifier.config()`; rejects missing or unknown keys."""
+    missing = [k for k in ("arch", "num_labels") if k not in cfg]
+    unknown = [k for k in cfg if k not in _CONFIG_KEYS]
+    if missing or unknown:
+        raise ValueError(f"bad model config {cfg!r}: missing {missing}, unknown {unknown}")
+    return DenseNetClassifier(cfg["arch"], int(cfg["num_labels"]), int(cfg.get("in_channels", 1)))
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A named slice of the model: its parameter and buffer names (state_dict keys)."""
+
+    name: str
+    param_names: tuple[str, ...]
+    buffer_names: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.param_names + self.buffer_names
+
+
+def _module_group(section: str, module: str) -> str | None:
+    """Group of a direct child `module` of `net.<section>`; None if it has no group."""
+    if section == "features":
+        if module in _STEM_MODULES:
+            return "stem"
+        if module == "norm5":
+            return "norm"
+        if module.startswith(("denseblock", "transition")):
+            return module
+    if section == "class_layers" and module == "out":
+        return "classifier"
+    return None
+
+
+def group_of(name: str) -> str:
+    """Group of a parameter/buffer name of a `DenseNetClassifier`, e.g. 'denseblock2'."""
+    parts = name.split(".")
+    group = _module_group(parts[1], parts[2]) if len(parts) >= 3 and parts[0] == "net" else None
+    if group is None:
+        raise ValueError(f"{name!r} is not a parameter or buffer name of a DenseNetClassifier")
+    return group
+
+
+def group_names(model: DenseNetClassifier) -> list[str]:
+    """Group names of `model` in input-to-output order."""
+    names: list[str] = []
+    for module, _ in model.net.features.named_children():
+        group = _module_group("features", module)
+        if group is not None and group not in names:
+            names.append(group)
+    return [*names, "classifier"]
+
+
+def layer_groups(model: DenseNetClassifier) -> list[LayerGroup]:
+    """The ordered groups stem -> classifier; together they partition params and buffers."""
+    order = group_names(model)
+    params: dict[str, list[str]] = {g: [] for g in order}
+    buffers: dict[str, list[str]] = {g: [] for g in order}
+    for name, _ in model.named_parameters():
+        params[group_of(name)].append(name)
+    for name, _ in model.named_buffers():
+        buffers[group_of(name)].append(name)
+    return [LayerGroup(g, tuple(params[g]), tuple(buffers[g])) for g in order]

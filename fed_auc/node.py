@@ -1,0 +1,127 @@
+"""A hospital node: its own data, a warm model, and local state that survives restarts.
+
+The node answers two requests, whatever the transport: ``train`` (run the backend's
+``client_update`` on local data) and ``evaluate`` (score a model on local splits). Only
+tensors of the model update and aggregate counts leave it; per-image scores leave only when
+the request asks for pooled scoring (simulation does, to report pooled AUC).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fed_auc.algorithms.base import Backend, Broadcast, Reply
+from fed_auc.data.base import SiteData, Split
+from fed_auc.data.sampling import BatchStream
+from fed_auc.io import load_torch, save_torch
+from fed_auc.losses import build_loss
+from fed_auc.metrics import AUCResult, per_label_auc
+from fed_auc.models import model_from_config
+from fed_auc.trainable import Tensors, Trainable
+
+LOCAL_STATE_FILE = "local_state.pt"
+EVAL_BATCH = 256
+
+
+@dataclass
+class SplitEvaluation:
+    """A model scored on one split of one site."""
+
+    n: int
+    positives: list[int]
+    aucs: list[AUCResult]
+    scores: np.ndarray | None = None  # (N, L), only when pooled scoring is on
+    labels: np.ndarray | None = None
+
+
+@dataclass
+class Evaluation:
+    site: str
+    splits: dict[str, SplitEvaluation] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+class Node:
+    """One site's participant in the federation."""
+
+    def __init__(
+        self,
+        site: SiteData,
+        backend: Backend,
+        model_config: dict[str, Any],
+        loss_name: str,
+        state_dir: str | Path,
+        batch_size: int = 32,
+        min_pos_fraction: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        self.site = site
+        self.backend = backend
+        self.state_path = Path(state_dir) / LOCAL_STATE_FILE
+        model = model_from_config(model_config)
+        loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
+        self.trainable = Trainable(model, loss)
+        self.batches = BatchStream(site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction)
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    def registration(self) -> dict[str, Any]:
+        """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
+        split = self.site.train
+        return {"n": len(split), "positives": split.positives(), "known": split.known()}
+
+    def train(self, broadcast: Broadcast) -> Reply:
+        """Run the backend's local update and persist the local state before replying."""
+        saved = load_torch(self.state_path) if self.state_path.exists() else {}
+        if "sampler" in saved:
+            self.batches.load_state_dict(saved["sampler"])
+        if getattr(self.trainable.loss, "is_minimax", False):
+            self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
+        reply, local_state = self.backend.client_update(
+            broadcast, saved.get("backend", {}), self.trainable, iter(self.batches)
+        )
+        save_torch({"backend": local_state, "sampler": self.batches.state_dict()}, self.state_path)
+        reply.site = self.name
+        reply.num_examples = len(self.site.train)
+        return reply
+
+    @torch.no_grad()
+    def evaluate(
+        self, tensors: Tensors, splits: tuple[str, ...] = ("val", "test"), pooled: bool = False
+    ) -> Evaluation:
+        """Score the given model on local splits: AUC with CI per label, and counts."""
+        start = time.perf_counter()
+        self.trainable.load(tensors)
+        result = Evaluation(self.name)
+        for name in splits:
+            split: Split = getattr(self.site, name)
+            scores = self.scores(split.images)
+            labels = split.labels.numpy()
+            result.splits[name] = SplitEvaluation(
+                n=len(split),
+                positives=split.positives(),
+                aucs=per_label_auc(labels, scores),
+                scores=scores if pooled else None,
+                labels=labels if pooled else None,
+            )
+        result.duration_s = time.perf_counter() - start
+        return result
+
+    @torch.no_grad()
+    def scores(self, images: torch.Tensor) -> np.ndarray:
+        """h = sigmoid(logit) for every image, in eval mode."""
+        model = self.trainable.model
+        model.eval()
+        out = [
+            torch.sigmoid(model(images[i : i + EVAL_BATCH]))
+            for i in range(0, len(images), EVAL_BATCH)
+        ]
+        return torch.cat(out).numpy()

@@ -1,0 +1,97 @@
+"""A node's model and loss seen as named tensors: what the backends update and what travels.
+
+Names are namespaced so a payload is one flat ``dict[str, Tensor]``:
+``w/<param>`` network parameters, ``auc/a`` and ``auc/b`` the loss's primal variables,
+``auc/alpha`` its dual variable, ``buf/<buffer>`` floating-point buffers (BatchNorm running
+statistics). Backends add their own prefixes (``c/``, ``ref/``, ``dc/``...) on top.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+Tensors = dict[str, torch.Tensor]
+
+WEIGHT = "w/"
+AUC = "auc/"
+BUFFER = "buf/"
+
+
+class Trainable:
+    """The model and loss of one node, with the primal block v = (w, a, b) and dual block α.
+
+    The backends only touch this object: its named parameter dicts, ``gradients`` and
+    ``project_``. A toy problem with the same members can stand in for it in tests.
+    """
+
+    def __init__(self, model: nn.Module, loss: nn.Module) -> None:
+        self.model = model
+        self.loss = loss
+        self.primal: dict[str, torch.Tensor] = {
+            WEIGHT + name: p for name, p in model.named_parameters() if p.requires_grad
+        }
+        self.dual: dict[str, torch.Tensor] = {}
+        if getattr(loss, "is_minimax", False):
+            self.primal[AUC + "a"] = loss.a
+            self.primal[AUC + "b"] = loss.b
+            self.dual[AUC + "alpha"] = loss.alpha
+        self.buffers: dict[str, torch.Tensor] = {
+            BUFFER + name: b for name, b in model.named_buffers() if b.is_floating_point()
+        }
+        self._primal_list = list(self.primal.values())
+        self._dual_list = list(self.dual.values())
+
+    @property
+    def is_minimax(self) -> bool:
+        return bool(self.dual)
+
+    @property
+    def dual_min(self) -> float | None:
+        """Lower bound of α (0 for the margin loss), or None when α is unconstrained."""
+        return getattr(self.loss, "dual_min", None)
+
+    def gradients(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order)."""
+        self.model.train()
+        value = self.loss(self.model(x), y)
+        grads = torch.autograd.grad(value, self._primal_list + self._dual_list)
+        n = len(self._primal_list)
+        return value.detach(), list(grads[:n]), list(grads[n:])
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Project the dual variable onto its feasible set (α ≥ 0 for the margin loss)."""
+        project = getattr(self.loss, "project_", None)
+        if project is not None:
+            project()
+
+    def tensors(self) -> Tensors:
+        """Detached copies of everything that is averaged: primal, dual and buffers."""
+        out = {}
+        for group in (self.primal, self.dual, self.buffers):
+            out.update({name: t.detach().clone() for name, t in group.items()})
+        return out
+
+    @torch.no_grad()
+    def load(self, tensors: Tensors) -> None:
+        """Copy named tensors in place; names this node does not own are an error."""
+        for name, value in tensors.items():
+            target = self.primal.get(name)
+            if target is None:
+                target = self.dual.get(name)
+            if target is None:
+                target = self.buffers.get(name)
+            if target is None:
+                raise KeyError(f"tensor {name!r} does not belong to this model or loss")
+            if target.shape != value.shape:
+                raise ValueError(
+                    f"tensor {name!r}: expected shape {tuple(target.shape)}, "
+                    f"got {tuple(value.shape)}"
+                )
+            target.copy_(value)
+
+    def names(self) -> list[str]:
+        return [*self.primal, *self.dual, *self.buffers]

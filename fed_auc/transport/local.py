@@ -1,0 +1,46 @@
+"""In-process transport: the coordinator calls each node directly, one after the other.
+
+Sequential on purpose: on a few CPU cores torch already uses every core per node, so
+threads would only contend. A node that raises is reported as an ``error`` failure and the
+round goes on with the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.node import Evaluation, Node
+from fed_auc.trainable import Tensors
+from fed_auc.transport.base import NodeFailure
+
+
+class LocalTransport:
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = {node.name: node for node in nodes}
+        if len(self.nodes) != len(nodes):
+            raise ValueError("site names must be unique")
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.nodes)
+
+    def register(self) -> dict[str, dict[str, Any]]:
+        return {name: node.registration() for name, node in self.nodes.items()}
+
+    def train(self, sites: Sequence[str], broadcast: Broadcast) -> dict[str, Reply | NodeFailure]:
+        return {site: self._call(site, lambda n: n.train(broadcast)) for site in sites}
+
+    def evaluate(
+        self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
+    ) -> dict[str, Evaluation | NodeFailure]:
+        return {
+            site: self._call(site, lambda n: n.evaluate(tensors, pooled=pooled)) for site in sites
+        }
+
+    def _call(self, site: str, request):
+        try:
+            return request(self.nodes[site])
+        except Exception as exc:  # a failing node must not stop the federation
+            return NodeFailure(site, "error", f"{type(exc).__name__}: {exc}")
