@@ -22,15 +22,6 @@ from fed_auc.losses import (
 AUC_LOSSES = ("auc_margin", "auc_square")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: OpenMP threads only add spin-wait latency on a busy CPU."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _batch(n: int = 12, labels: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 logits and 0/1 targets with both classes present in every label column."""
     gen = torch.Generator().manual_seed(seed)

@@ -18,15 +18,6 @@ from fed_auc.models import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: OpenMP threads only add spin-wait latency on a busy CPU."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def big_models() -> dict[str, DenseNetClassifier]:
     """One instance per full-size arch, built once (about a second each)."""

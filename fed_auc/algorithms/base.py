@@ -64,11 +64,11 @@ def site_weights(replies: Sequence[Reply], weighting: str) -> list[float]:
 def weighted_mean(tensor_sets: Sequence[Tensors], weights: Sequence[float]) -> Tensors:
     """Σ_k weight_k · tensors_k, name by name (names taken from the first set)."""
     out = {}
-    for name in tensor_sets[0]:
-        acc = torch.zeros_like(tensor_sets[0][name], dtype=torch.float32)
+    for name, first in tensor_sets[0].items():
+        acc = torch.zeros_like(first)  # payload tensors are floating point (validated)
         for tensors, weight in zip(tensor_sets, weights, strict=True):
-            acc.add_(tensors[name].float(), alpha=weight)
-        out[name] = acc.to(tensor_sets[0][name].dtype)
+            acc.add_(tensors[name], alpha=weight)
+        out[name] = acc
     return out
 
 
