@@ -1,0 +1,174 @@
+"""A whole simulated federation: node state, coordinator checks, store rows, export, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fed_auc.cli import main
+from fed_auc.io import load_torch
+from fed_auc.models import model_from_config
+from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.store import RunStore
+
+SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
+
+
+def _simulate(tmp_path, **changes) -> dict:
+    return run_simulation(SimulationConfig(runs_dir=str(tmp_path), **{**SMALL, **changes}))
+
+
+def test_codasca_run_records_every_round_and_site_and_exports_the_model(tmp_path):
+    summary = _simulate(tmp_path)
+    assert len(summary["global_auc"]) == 3  # round 0 (initial model) + 2 rounds
+    assert all(0.0 <= auc <= 1.0 for auc in summary["global_auc"])
+    with RunStore(tmp_path) as store:
+        run = store.run(summary["run_id"])
+        assert run["status"] == "completed" and run["algorithm"] == "codasca"
+        rounds = store.rounds(summary["run_id"])
+        assert rounds["round"].tolist() == [0, 1, 2]
+        assert rounds["global_auc"].tolist() == pytest.approx(summary["global_auc"])
+        assert (rounds["bytes_up"].iloc[1:] > rounds["bytes_down"].iloc[1:] / 3).all()
+        sites = store.site_rounds(summary["run_id"])
+        trained = sites[sites["round"] > 0]
+        assert len(trained) == 6 and set(trained["status"]) == {"completed"}
+        assert trained["steps"].tolist() == [2] * 6
+        for column in ("update_norm", "drift", "cosine", "cv_drift", "auc", "bytes_up"):
+            assert trained[column].notna().all(), column
+        assert (trained["cosine"].abs() <= 1 + 1e-6).all()
+        assert set(sites[sites["round"] == 0]["status"]) == {"initial"}
+        assert len(store.sites(summary["run_id"])) == 3
+
+    run_dir = tmp_path / summary["run_id"]
+    checkpoint = load_torch(run_dir / "checkpoint.pt")
+    assert checkpoint["round"] == 2 and checkpoint["state"]["round"] == 2
+    for site in summary["site_auc"]:  # CODASCA's c_k persisted per node
+        local = load_torch(run_dir / "nodes" / site / "local_state.pt")
+        assert set(local) == {"backend", "sampler"} and local["backend"]["control"]
+
+    exported = load_torch(summary["model_path"])
+    model = model_from_config(exported["model_config"])
+    model.load_state_dict(exported["state_dict"])
+    assert set(exported["auc"]) == {"a", "b", "alpha"}
+    card = json.loads((run_dir / "model" / "model_card.json").read_text())
+    assert card["global_auc"] == summary["global_auc"][-1]
+    assert "Per-site test AUC" in (run_dir / "model" / "MODEL_CARD.md").read_text()
+
+
+def test_same_seed_same_run(tmp_path):
+    first = _simulate(tmp_path / "a", algorithm="coda_plus")
+    second = _simulate(tmp_path / "b", algorithm="coda_plus")
+    assert first["global_auc"] == second["global_auc"]
+    a, b = load_torch(first["model_path"]), load_torch(second["model_path"])
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][name]), name
+
+
+def test_a_failing_node_is_recorded_and_the_round_goes_on(tmp_path, monkeypatch):
+    from fed_auc.data.synthetic import DEFAULT_PROFILES
+    from fed_auc.node import Node
+
+    broken = DEFAULT_PROFILES[1].name
+    original = Node.train
+
+    def flaky(self, broadcast):
+        if self.name == broken:
+            raise OSError("disk full")
+        return original(self, broadcast)
+
+    monkeypatch.setattr(Node, "train", flaky)
+    summary = _simulate(tmp_path, algorithm="local_sgda")
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+        failed = rows[(rows["site"] == broken) & (rows["round"] > 0)]
+        assert set(failed["status"]) == {"error"}
+        assert failed["auc"].notna().all()  # it still scores the global model
+        events = store.events(summary["run_id"])
+        assert events["message"].str.contains("OSError: disk full").sum() == 2
+
+
+def test_a_reply_with_nan_is_rejected_and_never_averaged(tmp_path, monkeypatch):
+    from fed_auc.data.synthetic import DEFAULT_PROFILES
+    from fed_auc.node import Node
+
+    bad_site = DEFAULT_PROFILES[0].name
+    original = Node.train
+
+    def poisoned(self, broadcast):
+        reply = original(self, broadcast)
+        if self.name == bad_site:
+            first = next(n for n in reply.tensors if n.startswith("w/"))
+            reply.tensors[first] = torch.full_like(reply.tensors[first], float("nan"))
+        return reply
+
+    monkeypatch.setattr(Node, "train", poisoned)
+    summary = _simulate(tmp_path)
+    exported = load_torch(summary["model_path"])
+    assert all(torch.isfinite(t).all() for t in exported["state_dict"].values())
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+        assert set(rows[(rows["site"] == bad_site) & (rows["round"] > 0)]["status"]) == {"rejected"}
+        assert store.events(summary["run_id"])["message"].str.contains("NaN").any()
+
+
+def test_partial_participation_selects_a_seeded_subset(tmp_path):
+    summary = _simulate(tmp_path, participation=0.5, rounds=3)
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+    per_round = (
+        rows[rows["round"] > 0].groupby("round")["status"].apply(lambda s: (s == "completed").sum())
+    )
+    assert per_round.tolist() == [2, 2, 2]  # ⌈0.5 · 3⌉
+    assert set(rows[rows["round"] > 0]["status"]) == {"completed", "idle"}
+
+
+def test_min_max_backends_refuse_cross_entropy():
+    with pytest.raises(ValueError, match="codasca.*min-max AUC method"):
+        SimulationConfig(algorithm="codasca", loss="ce")
+    with pytest.raises(ValueError, match="model must be one of"):
+        SimulationConfig(model="resnet")
+
+
+@pytest.mark.slow
+def test_cli_simulate_json_and_runs_listing(tmp_path, capsys):
+    args = [
+        "simulate",
+        "--algorithm",
+        "fedavg",
+        "--sites",
+        "2",
+        "--rounds",
+        "2",
+        "--local-steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--seed",
+        "3",
+        "--runs-dir",
+        str(tmp_path),
+        "--json",
+    ]
+    config = tmp_path / "small.toml"
+    config.write_text("data_scale = 0.15\n")
+    assert main([*args, "--config", str(config)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["algorithm"] == "fedavg" and len(summary["global_auc"]) == 3
+    assert set(summary["site_auc"]) and summary["run_id"]
+
+    assert main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [(r["run_id"], r["status"], r["rounds"]) for r in runs] == [
+        (summary["run_id"], "completed", 2)
+    ]
+
+
+def test_cli_rejects_unknown_config_keys(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("algorithm = 'codasca'\nlocal_step = 3\n")
+    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['local_step'\]"):
+        main(["simulate", "--config", str(config), "--runs-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="algorithm must be one of"):
+        main(["simulate", "--algorithm", "nope", "--runs-dir", str(tmp_path)])

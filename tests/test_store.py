@@ -1,0 +1,78 @@
+"""The run store: what is written is read back; a failed round leaves nothing behind."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from fed_auc.store import STORE_FILE, RoundRecord, RunStore, SiteRound
+
+
+def _record(round_: int, metrics=None) -> RoundRecord:
+    return RoundRecord(
+        round=round_,
+        stage=0,
+        lr=0.1,
+        global_auc=0.7,
+        worst_site_auc=0.6,
+        bytes_down=100,
+        bytes_up=80,
+        sites=[
+            SiteRound(
+                "a",
+                "completed",
+                steps=8,
+                n=10,
+                positives=[3],
+                auc=0.6,
+                auc_lo=0.5,
+                auc_hi=0.7,
+                update_norm=1.0,
+                drift=0.1,
+                cosine=0.9,
+            ),
+            SiteRound("b", "dropped", metrics=metrics if metrics is not None else {}),
+        ],
+        events=[("b", "error", "dropped: no answer in time")],
+    )
+
+
+def test_a_round_is_read_back_as_written(tmp_path):
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run("codasca", {"rounds": 2}, git_rev="abc")
+        store.record_sites(run_id, {"a": {"train": {"n": 10}}})
+        store.record_round(run_id, _record(1))
+        store.finish_run(run_id, "completed", {"global_auc": [0.5, 0.7]})
+
+        run = store.run(run_id)
+        assert run["status"] == "completed" and run["config"] == {"rounds": 2}
+        assert run["summary"]["global_auc"] == [0.5, 0.7]
+        rounds = store.rounds(run_id)
+        assert rounds[["round", "global_auc", "bytes_up"]].values.tolist() == [[1, 0.7, 80]]
+        sites = store.site_rounds(run_id).set_index("site")
+        assert sites.loc["a", "status"] == "completed" and sites.loc["a", "positives"] == "[3]"
+        assert sites.loc["b", "status"] == "dropped"
+        assert store.events(run_id)["message"].tolist() == ["dropped: no answer in time"]
+        assert len(store.sites(run_id)) == 1
+    mode = sqlite3.connect(tmp_path / STORE_FILE).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_a_round_that_fails_midway_leaves_no_partial_rows(tmp_path):
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run("codasca", {})
+        store.record_round(run_id, _record(1))
+        with pytest.raises(TypeError):  # the second site's metrics cannot be written
+            store.record_round(run_id, _record(2, metrics={"bad": object()}))
+        assert store.rounds(run_id)["round"].tolist() == [1]
+        assert set(store.site_rounds(run_id)["round"]) == {1}
+        assert len(store.events(run_id)) == 1
+        with pytest.raises(sqlite3.IntegrityError):  # a round is never written twice
+            store.record_round(run_id, _record(1))
+        assert len(store.site_rounds(run_id)) == 2
+
+
+def test_unknown_run_is_a_clear_error(tmp_path):
+    with RunStore(tmp_path) as store, pytest.raises(KeyError, match="no run 'nope'"):
+        store.run("nope")
