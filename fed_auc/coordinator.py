@@ -170,6 +170,7 @@ class Coordinator:
 
     def _evaluate(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
         """Every site scores the global model; pooled test AUC when scores may leave."""
+        start = time.perf_counter()
         model = self.backend.global_tensors(self.state)
         answers = self.transport.evaluate(self.sites, model, pooled=self.pooled_scoring)
         evaluations: dict[str, Evaluation] = {}
@@ -198,7 +199,10 @@ class Coordinator:
         record.mean_site_auc = float(np.mean(defined)) if defined else None
         record.global_auc, per_label = self._pooled(evaluations, "test")
         record.global_val_auc, _ = self._pooled(evaluations, "val")
-        record.metrics = {"global_auc_per_label": per_label}
+        record.metrics = {
+            "global_auc_per_label": per_label,
+            "eval_s": time.perf_counter() - start,
+        }
 
     def _pooled(
         self, evaluations: Mapping[str, Evaluation], split: str

@@ -67,7 +67,9 @@ class Node:
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
-        self.batches = BatchStream(site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction)
+        self.batches = BatchStream(
+            site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
+        )
 
     @property
     def name(self) -> str:
@@ -120,8 +122,7 @@ class Node:
         """h = sigmoid(logit) for every image, in eval mode."""
         model = self.trainable.model
         model.eval()
-        out = [
-            torch.sigmoid(model(images[i : i + EVAL_BATCH]))
-            for i in range(0, len(images), EVAL_BATCH)
-        ]
-        return torch.cat(out).numpy()
+        chunks = [images[i : i + EVAL_BATCH] for i in range(0, len(images), EVAL_BATCH)]
+        if not chunks:
+            return np.zeros((0, self.site.num_labels), dtype=np.float32)
+        return torch.cat([torch.sigmoid(model(chunk)) for chunk in chunks]).numpy()

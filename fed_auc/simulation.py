@@ -18,6 +18,7 @@ import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.coordinator import Coordinator
+from fed_auc.data.base import SiteData
 from fed_auc.data.synthetic import DEFAULT_PROFILES, make_synthetic_federation
 from fed_auc.export import export_model
 from fed_auc.losses import LOSSES, build_loss
@@ -124,10 +125,21 @@ def git_revision() -> str | None:
     return out.stdout.strip() or None
 
 
-def run_simulation(
-    config: SimulationConfig, on_round: Callable[[RoundRecord], None] | None = None
-) -> dict[str, Any]:
-    """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
+@dataclass
+class Federation:
+    """The assembled parts of a simulated run, ready for ``coordinator.run``."""
+
+    config: SimulationConfig
+    sites: list[SiteData]
+    coordinator: Coordinator
+    store: RunStore
+    run_id: str
+    run_dir: Path
+    model_config: dict[str, Any]
+
+
+def build_federation(config: SimulationConfig) -> Federation:
+    """Synthetic sites, one in-process node each, a coordinator, and a new run in the store."""
     torch.manual_seed(config.seed)
     sites = make_synthetic_federation(
         num_sites=config.sites,
@@ -138,10 +150,7 @@ def run_simulation(
     )
     backend = build_backend(config.algorithm, **config.backend_hyperparameters())
     model = build_model(config.model, num_labels=config.num_labels)
-    model_config = model.config()
-    label_names = sites[0].label_names
     server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
-
     store = RunStore(config.runs_dir)
     run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
@@ -149,7 +158,7 @@ def run_simulation(
         Node(
             site,
             backend,
-            model_config,
+            model.config(),
             config.loss,
             state_dir=run_dir / "nodes" / site.name,
             batch_size=config.batch_size,
@@ -169,27 +178,53 @@ def run_simulation(
             participation=config.participation,
             seed=config.seed,
         )
-        store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
-        store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
+    except BaseException as exc:
+        _fail(store, run_id, exc)
+        raise
+    store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
+    store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
+    return Federation(config, sites, coordinator, store, run_id, run_dir, model.config())
+
+
+def run_simulation(
+    config: SimulationConfig, on_round: Callable[[RoundRecord], None] | None = None
+) -> dict[str, Any]:
+    """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
+    fed = build_federation(config)
+    coordinator, store = fed.coordinator, fed.store
+    try:
         results = coordinator.run(config.rounds, on_round)
     except BaseException as exc:
-        store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
-        store.finish_run(run_id, "failed", {"error": str(exc)})
-        store.close()
+        _fail(store, fed.run_id, exc)
         raise
-    summary = summarize(run_id, run_dir, config, results)
+    summary = summarize(fed.run_id, fed.run_dir, config, results)
+    backend = coordinator.backend
     card = model_card(
-        summary, results[-1], config, backend.hyperparameters(), model_config, label_names
+        summary,
+        results[-1],
+        config,
+        backend.hyperparameters(),
+        fed.model_config,
+        fed.sites[0].label_names,
     )
-    export_model(run_dir / "model", backend.global_tensors(coordinator.state), model_config, card)
-    summary["model_path"] = str(run_dir / "model" / "model.pt")
-    store.add_event(run_id, "run completed")
-    store.finish_run(run_id, "completed", summary)
+    model_path = export_model(
+        fed.run_dir / "model", backend.global_tensors(coordinator.state), fed.model_config, card
+    )
+    summary["model_path"] = str(model_path)
+    store.add_event(fed.run_id, "run completed")
+    store.finish_run(fed.run_id, "completed", summary)
     store.close()
     return summary
 
 
-def site_summary(site) -> dict[str, Any]:
+def _fail(store: RunStore, run_id: str, exc: BaseException) -> None:
+    """Mark the run failed (rounds already recorded stay) and close the store."""
+    store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
+    store.finish_run(run_id, "failed", {"error": str(exc)})
+    store.close()
+
+
+def site_summary(site: SiteData) -> dict[str, Any]:
     """The data-card summary of a site kept in the store."""
     summary: dict[str, Any] = {"label_names": site.label_names, **site.meta}
     for name in ("train", "val", "test"):

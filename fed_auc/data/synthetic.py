@@ -33,14 +33,15 @@ GENERIC_FINDING = "finding"
 """Single-label default: lesion-like opacities (the same signature as "opacity")."""
 
 REFERENCE_SIZE = 28
-"""`blur_sigma` is in pixels of a 28 px image; it scales with image_size so images look alike."""
+"""`blur_sigma` and `noise_std` are given for 28 px images and scaled with image_size."""
 
 # Appearance of the population (intensities before the scanner, in [0, 1]).
 _BACKGROUND, _SOFT_TISSUE, _LUNG, _SPINE = 0.05, 0.62, 0.30, 0.10
 _RIB_AMPLITUDE, _TEXTURE_AMPLITUDE = 0.05, 0.05
-_EXPOSURE_GAIN_STD, _EXPOSURE_OFFSET_STD = 0.08, 0.04
+_EXPOSURE_GAIN_STD, _EXPOSURE_OFFSET_STD, _LUNG_LEVEL_STD = 0.08, 0.04, 0.05
+_POSITION_STD = 0.05  # patient placement, as a fraction of the half-width
 # Peak lesion brightness at lesion_strength 1 (tuned in benchmarks/synthetic_difficulty.py).
-_AMPLITUDE = {"opacity": 0.12, "effusion": 0.15, "nodule": 0.2, "consolidation": 0.1}
+_AMPLITUDE = {"opacity": 0.4, "effusion": 0.25, "nodule": 0.6, "consolidation": 0.2}
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _RANGES: dict[str, tuple[float, float]] = {
@@ -166,10 +167,10 @@ def _validate(p: SiteProfile) -> None:
 DEFAULT_PROFILES: list[SiteProfile] = [
     # Large academic centre, reference scanner, moderate prevalence.
     SiteProfile("st_elsewhere", 600, 150, 200, (0.2, 0.12, 0.1, 0.06, 0.08)),
-    # Busy city hospital: sick population, bright high-contrast scanner.
+    # Busy city hospital: sick population, dark high-contrast scanner.
     SiteProfile(
         "county_general", 400, 100, 150, (0.35, 0.2, 0.15, 0.08, 0.18),
-        intensity_shift=0.08, contrast=1.2, noise_std=0.04, blur_sigma=0.4,
+        intensity_shift=-0.04, contrast=1.25, noise_std=0.04, blur_sigma=0.4,
     ),
     # Small rural hospital: old, dark, washed-out, blurry, noisy scanner; rare findings.
     SiteProfile(
@@ -353,9 +354,10 @@ def _render_patients(
     lungs = _draw_lungs(gen, x, y)
     heart = _draw_heart(gen, x, y, _heart_enlargement(gen, labels, label_names))
     lung = lungs.masks.sum(1, keepdim=True).clamp(max=1.0) * (1.0 - heart)
+    lung_level = _LUNG + _normal(gen, (n, 1, 1, 1), _LUNG_LEVEL_STD)  # depth of inspiration
     image = _BACKGROUND + (_SOFT_TISSUE - _BACKGROUND) * body
     image = image + _SPINE * torch.exp(-((x / 0.09) ** 2)) * body
-    image = image - (_SOFT_TISSUE - _LUNG) * lung
+    image = image - (_SOFT_TISSUE - lung_level) * lung
     image = image + _RIB_AMPLITUDE * _ribs(gen, x, y) * (lung + 0.3 * body)
     image = image + _TEXTURE_AMPLITUDE * _smooth_field(gen, n, size) * lung
     for j, name in enumerate(label_names):
@@ -369,9 +371,11 @@ def _render_patients(
 def _patient_coordinates(
     gen: torch.Generator, n: int, size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Image grid in [-1, 1] rotated by each patient's small positioning error."""
+    """Image grid in [-1, 1] shifted and rotated by each patient's positioning error."""
     c = torch.linspace(-1.0, 1.0, size)
     gy, gx = torch.meshgrid(c, c, indexing="ij")
+    gx = gx - _normal(gen, (n, 1, 1, 1), _POSITION_STD)
+    gy = gy - _normal(gen, (n, 1, 1, 1), _POSITION_STD)
     theta = _uniform(gen, (n, 1, 1, 1), -0.08, 0.08)
     cos, sin = torch.cos(theta), torch.sin(theta)
     return gx * cos + gy * sin, -gx * sin + gy * cos
@@ -436,7 +440,7 @@ def _finding(
     if name == "effusion":
         return gate * _effusion(gen, x, y, lungs)
     if name == "nodule":
-        field = _blobs(gen, x, y, lungs, max_count=1, sigma=(0.035, 0.06))
+        field = _blobs(gen, x, y, lungs, max_count=1, sigma=(0.045, 0.075))
     elif name == "consolidation":
         field = (1.6 * _blobs(gen, x, y, lungs, max_count=1, sigma=(0.16, 0.26))).clamp(max=1.0)
     else:  # opacity and the generic finding
@@ -490,12 +494,15 @@ def _scanner(
 ) -> torch.Tensor:
     """The site's acquisition: contrast, brightness, blur, noise, then the [0, 1] window.
 
-    Noise is always drawn, so the same seed images the same patients on every scanner.
+    Blur and noise are given at 28 px and scaled with the resolution (smaller pixels catch
+    fewer photons), so a task is about as hard at 64 px as at 28 px. Noise is always drawn,
+    so the same seed images the same patients on every scanner.
     """
+    zoom = size / REFERENCE_SIZE
     image = (patients - 0.5) * profile.contrast + 0.5 + profile.intensity_shift
-    image = _gaussian_blur(image, profile.blur_sigma * size / REFERENCE_SIZE)
+    image = _gaussian_blur(image, profile.blur_sigma * zoom)
     noise = torch.randn(image.shape, generator=gen)
-    return (image + profile.noise_std * noise).clamp(0.0, 1.0).contiguous()
+    return (image + profile.noise_std * zoom * noise).clamp(0.0, 1.0).contiguous()
 
 
 def _gaussian_blur(image: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""The README's promises: CI runs its test command; shipped configs are valid."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fed_auc.cli import DEMO
+from fed_auc.simulation import SimulationConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quickstart_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", quickstart)
+
+
+def test_readme_has_two_quickstart_commands_and_ci_runs_the_test_one():
+    demo, tests = _quickstart_commands()
+    assert demo.endswith("fed-auc demo") and "-c constraints.txt" in demo
+    assert "pytest" in tests and "-c constraints.txt" in tests
+    assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_constraints_pin_the_cpu_torch():
+    assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text().split()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path):
+    SimulationConfig(**tomllib.loads(path.read_text()))
+
+
+def test_demo_config_file_matches_the_embedded_demo():
+    assert tomllib.loads((ROOT / "configs" / "demo.toml").read_text()) == DEMO
