@@ -7,15 +7,14 @@ import dataclasses
 import json
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from fed_auc.simulation import SimulationConfig
 
-DEMO = {"rounds": 30, "sites": 4, "local_steps": 8, "decay_every": 160}
+DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 
 
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +35,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gamma", type=float, help="proximal weight γ of CODA+/CODASCA (1/500)")
     p.add_argument("--eta-g", type=float, help="CODASCA server step η_g (default 1)")
     p.add_argument("--decay-every", type=int, help="T0: divide lr by 3 every T0 steps")
+    p.add_argument(
+        "--stage-output",
+        help="CODA+/CODASCA stage output: last (default), or the paper's average (coda_plus) "
+        "/ random_round (codasca)",
+    )
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 

@@ -51,6 +51,7 @@ class SimulationConfig:
     decay_every: int = 4000
     weight_decay: float = 1e-5
     grad_clip: float | None = 1.0
+    stage_output: str | None = None  # None: the backend's default ("last")
     min_pos_fraction: float = 0.2
     data_scale: float = 1.0
     runs_dir: str = "runs"
@@ -80,6 +81,7 @@ class SimulationConfig:
             raise ValueError(f"participation must be in (0, 1], got {self.participation!r}")
         if not (math.isfinite(self.data_scale) and self.data_scale > 0):
             raise ValueError(f"data_scale must be > 0, got {self.data_scale!r}")
+        build_backend(self.algorithm, **self.backend_hyperparameters())
 
     def backend_hyperparameters(self) -> dict[str, Any]:
         common = {
@@ -94,6 +96,12 @@ class SimulationConfig:
             common["gamma"] = self.gamma
         if self.algorithm == "codasca":
             common.update(eta_g=self.eta_g, seed=self.seed)
+        if self.stage_output is not None:
+            if self.algorithm not in ("coda_plus", "codasca"):
+                raise ValueError(
+                    f"stage_output applies to coda_plus and codasca, not {self.algorithm!r}"
+                )
+            common["stage_output"] = self.stage_output
         return common
 
     def to_dict(self) -> dict[str, Any]:

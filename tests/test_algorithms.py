@@ -77,6 +77,8 @@ def _centralized_prox_sgda(trainable: Trainable, batches, lr, gamma, wd, clip, t
     [
         ("coda_plus", {}),
         ("codasca", {}),
+        ("coda_plus", {"stage_output": "average"}),
+        ("codasca", {"stage_output": "random_round"}),
         ("coda_plus", {"stage_output": "last", "decay_every": 3}),
         ("codasca", {"stage_output": "last", "decay_every": 3}),
     ],
@@ -195,7 +197,13 @@ def test_coda_plus_stage_output_is_the_average_iterate_and_the_next_reference():
 
     site.gradients = recording
     backend = build_backend(
-        "coda_plus", lr=0.1, local_steps=2, decay_every=4, gamma=0.1, **NO_EXTRAS
+        "coda_plus",
+        lr=0.1,
+        local_steps=2,
+        decay_every=4,
+        gamma=0.1,
+        stage_output="average",
+        **NO_EXTRAS,
     )
     state = backend.init_server(site, 1)
     noise = zero_noise()
@@ -213,6 +221,34 @@ def test_coda_plus_stage_output_is_the_average_iterate_and_the_next_reference():
     torch.testing.assert_close(state["model"]["auc/alpha"], expected_alpha)
     torch.testing.assert_close(state["ref"]["w/x"], expected_x)
     assert backend.plan(state, 2).config["lr"] == pytest.approx(0.1 / 3)
+
+
+def test_codasca_random_round_output_restarts_the_next_stage_from_one_rounds_iterate():
+    sites = toy_sites(2)
+    backend = build_backend(
+        "codasca",
+        lr=0.05,
+        local_steps=2,
+        decay_every=10,
+        gamma=0.1,
+        stage_output="random_round",
+        **NO_EXTRAS,
+    )
+    state = backend.init_server(sites[0], 2)
+    streams, local, iterates = [zero_noise(), zero_noise()], [{}, {}], []
+    for r in range(5):  # one stage: 5 rounds × 2 steps
+        broadcast = backend.plan(state, r)
+        replies = []
+        for k, site in enumerate(sites):
+            reply, local[k] = backend.client_update(broadcast, local[k], site, streams[k])
+            reply.num_examples = 1
+            replies.append(reply)
+        state = backend.aggregate(state, replies)
+        iterates.append(state["model"]["w/x"].clone())
+    assert state["stage"] == 1
+    assert any(torch.equal(state["model"]["w/x"], v) for v in iterates)
+    torch.testing.assert_close(state["ref"]["w/x"], state["model"]["w/x"])
+    assert all(float(c.abs().max()) == 0 for c in state["control"].values())  # reset (Alg. 4)
 
 
 def test_fedavg_weights_sites_by_examples_and_local_sgda_uniformly():

@@ -10,8 +10,11 @@ Algorithm 1 runs stages s = 1..S; each stage is DSG+ (Algorithm 2) on the proxim
     return v̄ = (1/K) Σ_k (1/T) Σ_t v^k_t,  ᾱ likewise                   (stage output)
 
 Stages follow the reference code: η ÷ 3 every T0 steps (``decay_every``), γ = 1/500.
-``stage_output="average"`` is the paper's v̄ (each site reports its round's mean iterate);
-``"last"`` continues from the last averaged iterate, as most practical code does.
+``stage_output="average"`` is the paper's v̄ (each site reports its round's mean iterate).
+The default ``"last"`` continues from the last averaged iterate and makes it the new
+reference, as practical code does: with the fixed, short stages used in practice the average
+still carries the stage's early iterates (on the demo federation, pooled AUC fell from 0.77
+to 0.66 at the first stage boundary with "average"; with "last" it kept rising).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ MEAN = "mean/"  # a site's mean iterate over its local steps this round
 class CODAPlus(Backend):
     name = "coda_plus"
 
-    def __init__(self, gamma: float = 1 / 500, stage_output: str = "average", **common) -> None:
+    def __init__(self, gamma: float = 1 / 500, stage_output: str = "last", **common) -> None:
         super().__init__(**common)
         validate_positive("gamma", gamma, allow_zero=True)
         validate_choice("stage_output", stage_output, ("average", "last"))

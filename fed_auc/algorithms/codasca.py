@@ -16,8 +16,10 @@ Algorithm 4, DSGSCA+(v_0, α_0, η_l, η_g, I, R, γ), one stage; F_k^s = F_k + 
 Eq. (6) makes c^k the mean of the round's stochastic gradients of F_k^s (eq. 7).
 Partial participation: each sampled site sends Δc^k = c^k(new) − c^k(old) and the server
 keeps c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
-``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server);
-``"last"`` continues from the last iterate, as the reference code does.
+``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server).
+The default ``"last"`` continues from the last iterate, as the reference code does: restarting
+a stage from a random earlier round throws progress away (on the demo federation, pooled AUC
+fell from 0.83 to 0.60 at the first stage boundary with "random_round").
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class CODASCA(Backend):
         self,
         gamma: float = 1 / 500,
         eta_g: float = 1.0,
-        stage_output: str = "random_round",
+        stage_output: str = "last",
         seed: int = 0,
         **common,
     ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
@@ -20,11 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from fed_auc.data.base import SiteData, Split
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 FINDINGS = ("opacity", "effusion", "cardiomegaly", "nodule", "consolidation")
 """Multi-label findings, each with its own visual signature; `num_labels=L` takes the first L."""
@@ -172,11 +168,10 @@ DEFAULT_PROFILES: list[SiteProfile] = [
         "county_general", 400, 100, 150, (0.35, 0.2, 0.15, 0.08, 0.18),
         intensity_shift=-0.04, contrast=1.25, noise_std=0.04, blur_sigma=0.4,
     ),
-    # Small rural hospital: old, dark, washed-out, blurry, noisy scanner; rare findings.
+    # Small rural hospital: old, dark, flat, slightly blurry and noisy scanner; rare findings.
     SiteProfile(
         "mercy_rural", 150, 50, 100, 0.08,
-        intensity_shift=-0.15, contrast=0.7, noise_std=0.07, blur_sigma=1.0,
-        lesion_strength=0.85,
+        intensity_shift=-0.2, contrast=0.8, noise_std=0.04, blur_sigma=0.5,
     ),
     # Outpatient clinic: mostly healthy, slightly flat images.
     SiteProfile(
@@ -186,12 +181,12 @@ DEFAULT_PROFILES: list[SiteProfile] = [
     # Trauma ICU, portable unit: very sick, overexposed, small.
     SiteProfile(
         "northgate_icu", 120, 40, 80, (0.4, 0.35, 0.2, 0.05, 0.3),
-        intensity_shift=0.12, contrast=1.3, noise_std=0.05, blur_sigma=0.6,
+        intensity_shift=0.12, contrast=1.3, noise_std=0.05, blur_sigma=0.4,
     ),
     # Imaging centre with a low-dose protocol: noisy, slightly dark.
     SiteProfile(
         "valley_imaging", 300, 80, 120, 0.25,
-        intensity_shift=-0.05, contrast=1.05, noise_std=0.09, blur_sigma=0.8,
+        intensity_shift=-0.05, contrast=1.05, noise_std=0.07, blur_sigma=0.4,
         lesion_strength=0.9,
     ),
 ]  # fmt: skip
@@ -347,12 +342,12 @@ def _render_patients(
     """Patients as the ideal scanner would see them: (n, 1, S, S), roughly in [0, 1]."""
     n = labels.shape[0]
     x, y = _patient_coordinates(gen, n, size)
-    body = _soft_ellipse(
-        x, y, (_normal(gen, (n, 1, 1, 1), 0.03), 0.1 + _normal(gen, (n, 1, 1, 1), 0.03)),
-        (0.86 * (1 + _normal(gen, (n, 1, 1, 1), 0.04)), torch.tensor(1.05)), edge=10.0,
-    )  # fmt: skip
+    body_center = (_normal(gen, (n, 1, 1, 1), 0.03), 0.1 + _normal(gen, (n, 1, 1, 1), 0.03))
+    body_width = 0.86 * (1.0 + _normal(gen, (n, 1, 1, 1), 0.04))
+    body = _soft_ellipse(x, y, body_center, (body_width, torch.tensor(1.05)), edge=10.0)
     lungs = _draw_lungs(gen, x, y)
-    heart = _draw_heart(gen, x, y, _heart_enlargement(gen, labels, label_names))
+    enlargement = _heart_enlargement(gen, labels, label_names, lesion_strength)
+    heart = _draw_heart(gen, x, y, enlargement)
     lung = lungs.masks.sum(1, keepdim=True).clamp(max=1.0) * (1.0 - heart)
     lung_level = _LUNG + _normal(gen, (n, 1, 1, 1), _LUNG_LEVEL_STD)  # depth of inspiration
     image = _BACKGROUND + (_SOFT_TISSUE - _BACKGROUND) * body
@@ -393,10 +388,10 @@ def _draw_lungs(gen: torch.Generator, x: torch.Tensor, y: torch.Tensor) -> _Lung
 
 
 def _heart_enlargement(
-    gen: torch.Generator, labels: torch.Tensor, label_names: list[str]
+    gen: torch.Generator, labels: torch.Tensor, label_names: list[str], lesion_strength: float
 ) -> torch.Tensor:
     """Heart width factor: 1 unless the patient is positive for cardiomegaly."""
-    factor = _uniform(gen, (labels.shape[0],), 1.25, 1.45)
+    factor = 1.0 + lesion_strength * _uniform(gen, (labels.shape[0],), 0.25, 0.45)
     if "cardiomegaly" not in label_names:
         return torch.ones_like(factor)
     positive = labels[:, label_names.index("cardiomegaly")] == 1
@@ -495,8 +490,8 @@ def _scanner(
     """The site's acquisition: contrast, brightness, blur, noise, then the [0, 1] window.
 
     Blur and noise are given at 28 px and scaled with the resolution (smaller pixels catch
-    fewer photons), so a task is about as hard at 64 px as at 28 px. Noise is always drawn,
-    so the same seed images the same patients on every scanner.
+    fewer photons), so a lesion's signal-to-noise ratio does not depend on image_size. Noise
+    is always drawn, so the same seed images the same patients on every scanner.
     """
     zoom = size / REFERENCE_SIZE
     image = (patients - 0.5) * profile.contrast + 0.5 + profile.intensity_shift

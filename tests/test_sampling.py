@@ -1,0 +1,168 @@
+"""BatchStream: positive floor, epoch coverage, determinism and exact resume."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from fed_auc.data.base import Split
+from fed_auc.data.sampling import BatchStream
+
+
+def make_split(n: int, positives: int, num_labels: int = 1, size: int = 4) -> Split:
+    """Images carry their row index, so a batch's rows can be read back from x."""
+    images = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 1, size, size)
+    labels = torch.zeros(n, num_labels)
+    labels[torch.arange(positives) * (n // max(positives, 1)), -1] = 1.0
+    return Split(images.contiguous(), labels)
+
+
+def take(stream: BatchStream, batches: int) -> list[torch.Tensor]:
+    return [stream.next_indices() for _ in range(batches)]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return torch.equal(torch.cat(a), torch.cat(b))
+
+
+def is_positive(split: Split, rows: torch.Tensor) -> torch.Tensor:
+    return (split.labels[rows] == 1).any(dim=1)
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "fraction"), [(0, 0.2), (-3, 0.2), (2.5, 0.2), (True, 0.2), (8, -0.1), (8, 1.0)]
+)
+def test_rejects_bad_arguments(batch_size: object, fraction: float) -> None:
+    with pytest.raises(ValueError, match="batch_size|min_pos_fraction"):
+        BatchStream(make_split(20, 4), batch_size=batch_size, min_pos_fraction=fraction)
+
+
+def test_rejects_empty_split() -> None:
+    empty = Split(torch.zeros(0, 1, 4, 4), torch.zeros(0, 1))
+    with pytest.raises(ValueError, match="empty"):
+        BatchStream(empty, batch_size=4)
+
+
+def test_batches_gather_the_rows_they_report() -> None:
+    split = make_split(50, 5)
+    stream = BatchStream(split, batch_size=16, seed=3)
+    twin = BatchStream(split, batch_size=16, seed=3)
+    for _ in range(10):
+        x, y = next(stream)
+        rows = twin.next_indices()
+        assert x.shape == (16, 1, 4, 4) and y.shape == (16, 1)
+        assert torch.equal(x[:, 0, 0, 0].long(), rows)
+        assert torch.equal(y, split.labels[rows])
+
+
+def test_positive_floor_holds_in_every_batch() -> None:
+    split = make_split(400, 12)  # 3 % positives: 1 per batch of 32 on average
+    stream = BatchStream(split, batch_size=32, seed=0, min_pos_fraction=0.2)
+    assert stream.min_positives == math.ceil(0.2 * 32)
+    for rows in take(stream, 300):
+        assert len(rows) == 32
+        assert int(is_positive(split, rows).sum()) >= stream.min_positives
+
+
+def test_floor_counts_a_row_positive_when_any_label_is() -> None:
+    split = make_split(200, 6, num_labels=3)  # positives only in the last label
+    split.labels[:, 0] = float("nan")
+    stream = BatchStream(split, batch_size=20, seed=1, min_pos_fraction=0.25)
+    for rows in take(stream, 50):
+        assert int(is_positive(split, rows).sum()) >= 5
+
+
+def test_floor_still_covers_every_row() -> None:
+    split = make_split(300, 9)
+    stream = BatchStream(split, batch_size=32, seed=2, min_pos_fraction=0.3)
+    seen = torch.cat(take(stream, 15))  # 15 * (32 - 10) = 330 rows from the epoch order
+    assert set(seen.tolist()) == set(range(300))
+
+
+def test_floor_tops_up_only_what_is_missing() -> None:
+    """Batches consume the epoch order as far as the floor allows, then add positives."""
+    split = make_split(600, 90)
+    order = torch.cat(take(BatchStream(split, 32, seed=4, min_pos_fraction=0.0), 19))[:600]
+    stream = BatchStream(split, 32, seed=4, min_pos_fraction=0.5)  # same first epoch
+    position = 0
+    for _ in range(20):
+        rows = stream.next_indices()
+        taken = 0
+        while taken < 32 and rows[taken] == order[position + taken]:
+            taken += 1
+        extra = rows[taken:]
+        assert bool(is_positive(split, extra).all())
+        if len(extra):
+            assert int(is_positive(split, rows).sum()) == stream.min_positives
+            assert not bool(is_positive(split, order[position + taken : position + taken + 1]))
+        position += taken
+    assert position > 20 * (32 - stream.min_positives)
+
+
+@pytest.mark.parametrize("n", [96, 100])
+def test_without_floor_every_row_once_per_epoch(n: int) -> None:
+    split = make_split(n, 10)
+    stream = BatchStream(split, batch_size=32, seed=5, min_pos_fraction=0.0)
+    rows = torch.cat(take(stream, n * 3 // 32 + 1))[: 3 * n]
+    for epoch in rows.split(n):
+        assert torch.equal(epoch.sort().values, torch.arange(n))
+    assert stream.epoch >= 3
+
+
+def test_single_class_split_applies_no_floor() -> None:
+    split = make_split(64, 0)
+    stream = BatchStream(split, batch_size=16, seed=0, min_pos_fraction=0.5)
+    assert stream.min_positives == 0
+    rows = torch.cat(take(stream, 4))
+    assert torch.equal(rows.sort().values, torch.arange(64))
+
+
+def test_split_smaller_than_batch_repeats_rows() -> None:
+    split = make_split(10, 1)
+    stream = BatchStream(split, batch_size=32, seed=0, min_pos_fraction=0.2)
+    for rows in take(stream, 20):
+        assert len(rows) == 32 and rows.min() >= 0 and rows.max() < 10
+        assert int(is_positive(split, rows).sum()) >= 7
+    no_floor = BatchStream(split, batch_size=32, seed=0, min_pos_fraction=0.0)
+    assert set(no_floor.next_indices().tolist()) == set(range(10))
+
+
+def test_same_seed_same_stream_other_seed_other_stream() -> None:
+    split = make_split(200, 20)
+    a, b, c = (BatchStream(split, 32, seed=s) for s in (7, 7, 8))
+    first, second, third = take(a, 20), take(b, 20), take(c, 20)
+    assert same(first, second)
+    assert not same(first, third)
+
+
+@pytest.mark.parametrize(("n", "fraction"), [(200, 0.2), (200, 0.0), (10, 0.2)])
+def test_resume_from_state_dict_reproduces_the_stream(n: int, fraction: float) -> None:
+    split = make_split(n, 5)
+    original = BatchStream(split, 32, seed=11, min_pos_fraction=fraction)
+    take(original, 7)
+    buffer = io.BytesIO()
+    torch.save(original.state_dict(), buffer)  # as a checkpoint would
+    expected = take(original, 25)
+    resumed = BatchStream(split, 32, seed=999, min_pos_fraction=fraction)
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer))
+    assert same(expected, take(resumed, 25))
+    assert resumed.epoch == original.epoch
+
+
+def test_state_dict_is_a_snapshot() -> None:
+    stream = BatchStream(make_split(100, 10), 32, seed=0)
+    state = stream.state_dict()
+    expected = take(stream, 5)
+    take(stream, 3)  # moving on must not alter the saved state
+    stream.load_state_dict(state)
+    assert same(expected, take(stream, 5))
+
+
+def test_load_state_dict_rejects_other_split() -> None:
+    state = BatchStream(make_split(100, 10), 32).state_dict()
+    with pytest.raises(ValueError, match="100 rows"):
+        BatchStream(make_split(50, 5), 32).load_state_dict(state)
