@@ -163,9 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         simulate(config, args.json)
         if not args.json:
             print(
-                f"Runs are recorded in {Path(args.runs_dir) / 'fed_auc.sqlite'}; list them "
-                f"with `fed-auc runs --runs-dir {args.runs_dir}`, and open the dashboard "
-                f"with `fed-auc dashboard --runs-dir {args.runs_dir}`."
+                f"Every round is in the run store the dashboard reads, "
+                f"{Path(args.runs_dir) / 'fed_auc.sqlite'}; list the runs with "
+                f"`fed-auc runs --runs-dir {args.runs_dir}`."
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)

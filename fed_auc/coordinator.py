@@ -16,7 +16,7 @@ import numpy as np
 
 from fed_auc.algorithms.base import Backend, Reply, ServerState, model_part
 from fed_auc.heterogeneity import flat_update, tensor_norm, update_signals
-from fed_auc.io import save_torch
+from fed_auc.io import save_state
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
@@ -219,4 +219,4 @@ class Coordinator:
         """Record the round in one transaction, then checkpoint the server state."""
         record.sites = list(rows.values())
         self.store.record_round(self.run_id, record)
-        save_torch({"round": record.round, "state": self.state}, self.run_dir / CHECKPOINT_FILE)
+        save_state({"round": record.round, "state": self.state}, self.run_dir / CHECKPOINT_FILE)

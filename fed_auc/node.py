@@ -19,7 +19,7 @@ import torch
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.io import load_torch, save_torch
+from fed_auc.io import load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
@@ -67,6 +67,7 @@ class Node:
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
+        self._local_state: dict[str, Any] | None = None  # in memory; on disk after each round
         self.batches = BatchStream(
             site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
         )
@@ -82,15 +83,18 @@ class Node:
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and persist the local state before replying."""
-        saved = load_torch(self.state_path) if self.state_path.exists() else {}
-        if "sampler" in saved:
-            self.batches.load_state_dict(saved["sampler"])
+        if self._local_state is None:  # first request since start: read what survived
+            saved = load_state(self.state_path) if self.state_path.exists() else {}
+            if "sampler" in saved:
+                self.batches.load_state_dict(saved["sampler"])
+            self._local_state = saved.get("backend", {})
         if getattr(self.trainable.loss, "is_minimax", False):
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        reply, local_state = self.backend.client_update(
-            broadcast, saved.get("backend", {}), self.trainable, iter(self.batches)
+        reply, self._local_state = self.backend.client_update(
+            broadcast, self._local_state, self.trainable, iter(self.batches)
         )
-        save_torch({"backend": local_state, "sampler": self.batches.state_dict()}, self.state_path)
+        state = {"backend": self._local_state, "sampler": self.batches.state_dict()}
+        save_state(state, self.state_path)
         reply.site = self.name
         reply.num_examples = len(self.site.train)
         return reply

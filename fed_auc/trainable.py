@@ -55,7 +55,6 @@ class Trainable:
         self, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order)."""
-        self.model.train()
         value = self.loss(self.model(x), y)
         grads = torch.autograd.grad(value, self._primal_list + self._dual_list)
         n = len(self._primal_list)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fed_auc.cli import main
-from fed_auc.io import load_torch
+from fed_auc.io import load_state, load_torch
 from fed_auc.models import model_from_config
 from fed_auc.simulation import SimulationConfig, run_simulation
 from fed_auc.store import RunStore
@@ -42,10 +42,10 @@ def test_codasca_run_records_every_round_and_site_and_exports_the_model(tmp_path
         assert len(store.sites(summary["run_id"])) == 3
 
     run_dir = tmp_path / summary["run_id"]
-    checkpoint = load_torch(run_dir / "checkpoint.pt")
+    checkpoint = load_state(run_dir / "checkpoint.pt")
     assert checkpoint["round"] == 2 and checkpoint["state"]["round"] == 2
     for site in summary["site_auc"]:  # CODASCA's c_k persisted per node
-        local = load_torch(run_dir / "nodes" / site / "local_state.pt")
+        local = load_state(run_dir / "nodes" / site / "local_state.pt")
         assert set(local) == {"backend", "sampler"} and local["backend"]["control"]
 
     exported = load_torch(summary["model_path"])

@@ -21,6 +21,7 @@ class ToyTrainable(Trainable):
         self.primal = {"w/x": torch.zeros(2, dtype=torch.float64)}
         self.dual = {"auc/alpha": torch.zeros(1, dtype=torch.float64)}
         self.buffers = {}
+        self.model = torch.nn.Module()
         self.loss = None
 
     def gradients(self, noise_x: torch.Tensor, noise_y: torch.Tensor):

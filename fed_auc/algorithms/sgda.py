@@ -96,6 +96,7 @@ def run_local_steps(
     order, for stage outputs that average iterates (CODA+).
     """
     params = list(trainable.primal.values()) + list(trainable.dual.values())
+    trainable.model.train()
     total = 0.0
     for done in range(steps):
         batch = next(batches, None)
