@@ -72,7 +72,6 @@ class Coordinator:
         self.store = store
         self.run_id = run_id
         self.run_dir = Path(run_dir)
-        self.trainable = trainable
         self.participation = participation
         self.seed = seed
         self.pooled_scoring = pooled_scoring
@@ -118,7 +117,9 @@ class Coordinator:
             down = payload_bytes(broadcast.tensors)
             answers = self.transport.train(selected, broadcast)
             valid = self._screen(answers, broadcast.tensors, rows, record, down)
-            if not valid:
+            if not valid:  # keep what the nodes said before giving up
+                for site, level, message in record.events:
+                    self.store.add_event(self.run_id, message, level, site, record.round)
                 raise FederationError(f"round {round_ + 1}: no valid reply from {selected}")
             signals = update_signals(
                 {r.site: flat_update(broadcast.tensors, r.tensors) for r in valid}

@@ -113,6 +113,27 @@ def test_a_reply_with_nan_is_rejected_and_never_averaged(tmp_path, monkeypatch):
         assert store.events(summary["run_id"])["message"].str.contains("NaN").any()
 
 
+def test_a_round_without_any_valid_reply_fails_the_run_and_keeps_the_record(
+    tmp_path, monkeypatch
+):
+    from fed_auc.coordinator import FederationError
+    from fed_auc.node import Node
+
+    def broken(self, broadcast):
+        raise RuntimeError(f"GPU on fire at {self.name}")
+
+    monkeypatch.setattr(Node, "train", broken)
+    with pytest.raises(FederationError, match="round 1: no valid reply"):
+        _simulate(tmp_path)
+    with RunStore(tmp_path) as store:
+        run = store.runs().iloc[0]
+        assert run["status"] == "failed"
+        assert store.rounds(run["id"])["round"].tolist() == [0]  # round 0 stays recorded
+        messages = store.events(run["id"])["message"]
+        assert messages.str.contains("GPU on fire").sum() == 3
+        assert messages.str.contains("run failed: FederationError").any()
+
+
 def test_partial_participation_selects_a_seeded_subset(tmp_path):
     summary = _simulate(tmp_path, participation=0.5, rounds=3)
     with RunStore(tmp_path) as store:

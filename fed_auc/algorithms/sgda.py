@@ -41,10 +41,11 @@ def primal_direction(
         ]
         torch._foreach_clamp_min_(network, -rule.grad_clip)
         torch._foreach_clamp_max_(network, rule.grad_clip)
-    if rule.weight_decay:
-        torch._foreach_add_(grads, primal, alpha=rule.weight_decay)
-    if rule.prox_weight and prox_ref is not None:
-        torch._foreach_add_(grads, torch._foreach_sub(primal, prox_ref), alpha=rule.prox_weight)
+    prox = rule.prox_weight if prox_ref is not None else 0.0
+    if rule.weight_decay or prox:  # λ_wd·v + γ·(v − v_ref), without temporaries
+        torch._foreach_add_(grads, primal, alpha=rule.weight_decay + prox)
+    if prox:
+        torch._foreach_add_(grads, prox_ref, alpha=-prox)
     return grads
 
 
