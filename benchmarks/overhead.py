@@ -67,6 +67,7 @@ def measure(config: SimulationConfig, rounds: int) -> dict[str, float]:
         if r > 0:
             fed_times.append(fed_s / steps)
             plain_times.append(plain_s / steps)
+    coordinator.close()
     fed.store.close()
     ratios = [f / p for f, p in zip(fed_times, plain_times, strict=True)]
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ class Coordinator:
         self.pos_ratio = global_prevalence(registrations)
         self.registrations = registrations
         self.state: ServerState = backend.init_server(trainable, len(self.sites))
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._checkpoint: Future[None] | None = None
 
     # -- the loop -----------------------------------------------------------------------
     def run(
@@ -91,6 +94,7 @@ class Coordinator:
             results.append(self.run_round())
             if on_round is not None:
                 on_round(results[-1])
+        self.wait_for_checkpoint()
         return results
 
     def evaluate_initial(self) -> RoundRecord:
@@ -217,7 +221,24 @@ class Coordinator:
         return mean_auc(aucs), [a.auc for a in aucs]
 
     def _finish_round(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
-        """Record the round in one transaction, then checkpoint the server state."""
+        """Record the round in one transaction, then checkpoint the server state.
+
+        The checkpoint is written (atomically) in the background while the next round
+        trains: backends never modify a state in place, so the saved dicts stay as they were.
+        A write still running is waited for before the next one and by ``close``.
+        """
         record.sites = list(rows.values())
         self.store.record_round(self.run_id, record)
-        save_state({"round": record.round, "state": self.state}, self.run_dir / CHECKPOINT_FILE)
+        self.wait_for_checkpoint()
+        snapshot = {"round": record.round, "state": self.state}
+        self._checkpoint = self._writer.submit(save_state, snapshot, self.run_dir / CHECKPOINT_FILE)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until the last checkpoint is on disk; re-raise its error if it failed."""
+        if self._checkpoint is not None:
+            self._checkpoint.result()
+            self._checkpoint = None
+
+    def close(self) -> None:
+        self.wait_for_checkpoint()
+        self._writer.shutdown()

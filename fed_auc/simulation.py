@@ -205,6 +205,8 @@ def run_simulation(
     except BaseException as exc:
         _fail(store, fed.run_id, exc)
         raise
+    finally:
+        coordinator.close()
     summary = summarize(fed.run_id, fed.run_dir, config, results)
     backend = coordinator.backend
     card = model_card(

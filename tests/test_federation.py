@@ -113,9 +113,7 @@ def test_a_reply_with_nan_is_rejected_and_never_averaged(tmp_path, monkeypatch):
         assert store.events(summary["run_id"])["message"].str.contains("NaN").any()
 
 
-def test_a_round_without_any_valid_reply_fails_the_run_and_keeps_the_record(
-    tmp_path, monkeypatch
-):
+def test_a_round_without_any_valid_reply_fails_the_run_and_keeps_the_record(tmp_path, monkeypatch):
     from fed_auc.coordinator import FederationError
     from fed_auc.node import Node
 
