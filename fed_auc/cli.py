@@ -40,6 +40,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="CODA+/CODASCA stage output: last (default), or the paper's average (coda_plus) "
         "/ random_round (codasca)",
     )
+    p.add_argument(
+        "--min-pos-fraction", type=float, help="floor of positives per batch (default 0.05)"
+    )
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 

@@ -58,7 +58,7 @@ class Node:
         loss_name: str,
         state_dir: str | Path,
         batch_size: int = 32,
-        min_pos_fraction: float = 0.2,
+        min_pos_fraction: float = 0.05,
         seed: int = 0,
     ) -> None:
         self.site = site

@@ -32,7 +32,7 @@ class BatchStream:
         split: Split,
         batch_size: int,
         seed: int = 0,
-        min_pos_fraction: float = 0.2,
+        min_pos_fraction: float = 0.05,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
