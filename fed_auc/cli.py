@@ -24,6 +24,10 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sites", type=int, help="number of synthetic hospital sites (default 4)")
     p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
     p.add_argument("--local-steps", type=int, help="local steps I per round (default 8)")
+    p.add_argument(
+        "--local-steps-range",
+        help="MIN:MAX: each site draws its local steps τ_i per round from this range (seeded)",
+    )
     p.add_argument("--batch-size", type=int, help="local batch size (default 32)")
     p.add_argument("--lr", type=float, help="local learning rate η (default 0.1)")
     p.add_argument("--model", help="tiny (default), densenet121, densenet169, densenet201")

@@ -6,6 +6,7 @@ the store records. One round here is what DESIGN.md's "One round, as data flows"
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from fed_auc.algorithms.base import Backend, Reply, ServerState, model_part
-from fed_auc.heterogeneity import flat_update, tensor_norm, update_signals
+from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState, model_part
+from fed_auc.heterogeneity import site_update, tensor_norm, update_signals
 from fed_auc.io import save_state
+from fed_auc.local_work import LocalWork
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
@@ -44,12 +46,14 @@ def global_prevalence(registrations: Mapping[str, Mapping[str, Any]]) -> list[fl
     return (positives / known).tolist()
 
 
-def sample_sites(sites: Sequence[str], participation: float, seed: int, round_: int) -> list[str]:
-    """Seeded partial participation: ⌈participation · N⌉ sites, at least one."""
+def sample_sites(
+    sites: Sequence[str], participation: float, seed: int, round_: int, phase: str = "train"
+) -> list[str]:
+    """Seeded partial participation without replacement: ⌈participation · N⌉ sites, ≥ 1."""
     k = max(1, int(np.ceil(participation * len(sites))))
     if k >= len(sites):
         return list(sites)
-    chosen = random.Random(f"{seed}:{round_}").sample(list(sites), k)
+    chosen = random.Random(f"{seed}:{round_}:{phase}").sample(list(sites), k)
     return [s for s in sites if s in chosen]
 
 
@@ -65,6 +69,7 @@ class Coordinator:
         participation: float = 1.0,
         seed: int = 0,
         pooled_scoring: bool = True,
+        local_work: LocalWork | None = None,
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
@@ -76,11 +81,13 @@ class Coordinator:
         self.participation = participation
         self.seed = seed
         self.pooled_scoring = pooled_scoring
+        self.local_work = local_work
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
         self.pos_ratio = global_prevalence(registrations)
         self.registrations = registrations
-        self.state: ServerState = backend.init_server(trainable, len(self.sites))
+        sizes = {site: int(r["n"]) for site, r in registrations.items()}
+        self.state: ServerState = backend.init_server(trainable, sizes)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._checkpoint: Future[None] | None = None
 
@@ -105,29 +112,32 @@ class Coordinator:
         return record
 
     def run_round(self) -> RoundRecord:
+        """One round: every phase of the backend, then evaluation, record and checkpoint."""
         start = time.perf_counter()
         round_ = self.state["round"]
-        selected = sample_sites(self.sites, self.participation, self.seed, round_)
         record = RoundRecord(round=round_ + 1)
         rows = {s: SiteRound(site=s, status="idle") for s in self.sites}
-        for site in selected:
-            rows[site].status = "selected"
-        signals: dict[str, Any] = {}
+        signals: dict[str, dict[str, float]] = {}
         for phase in self.backend.phases:
+            fraction = self.backend.phase_participation(phase) or self.participation
+            selected = sample_sites(self.sites, fraction, self.seed, round_, phase)
             broadcast = self.backend.plan(self.state, round_, phase)
             broadcast.config["pos_ratio"] = self.pos_ratio
-            record.stage = broadcast.config.get("stage")
-            record.lr = broadcast.config.get("lr")
-            down = payload_bytes(broadcast.tensors)
-            answers = self.transport.train(selected, broadcast)
-            valid = self._screen(answers, broadcast.tensors, rows, record, down)
+            record.stage = broadcast.config.get("stage", record.stage)
+            record.lr = broadcast.config.get("lr", record.lr)
+            requests = {site: self._request_for(site, broadcast) for site in selected}
+            answers = self.transport.train(requests)
+            valid = self._screen(phase, answers, requests, rows, record)
             if not valid:  # keep what the nodes said before giving up
                 for site, level, message in record.events:
                     self.store.add_event(self.run_id, message, level, site, record.round)
-                raise FederationError(f"round {round_ + 1}: no valid reply from {selected}")
-            signals = update_signals(
-                {r.site: flat_update(broadcast.tensors, r.tensors) for r in valid}
-            )
+                raise FederationError(
+                    f"round {round_ + 1}, phase {phase!r}: no valid reply from {selected}"
+                )
+            updates = {r.site: site_update(broadcast.tensors, r.tensors) for r in valid}
+            updates = {site: u for site, u in updates.items() if u is not None}
+            if updates:
+                signals = update_signals(updates)
             self.state = self.backend.aggregate(self.state, valid, phase)
         for site, values in signals.items():
             for key, value in values.items():
@@ -138,37 +148,49 @@ class Coordinator:
         return record
 
     # -- steps --------------------------------------------------------------------------
+    def _request_for(self, site: str, broadcast: Broadcast) -> Broadcast:
+        """The broadcast as this site receives it: with its own τ_i where there are local steps."""
+        if "local_steps" not in broadcast.config or self.local_work is None:
+            return broadcast
+        steps = self.local_work.steps(site, broadcast.round, broadcast.config["local_steps"])
+        return dataclasses.replace(broadcast, config={**broadcast.config, "local_steps": steps})
+
     def _screen(
         self,
+        phase: str,
         answers: Mapping[str, Reply | NodeFailure],
-        sent: Mapping[str, Any],
+        requests: Mapping[str, Broadcast],
         rows: dict[str, SiteRound],
         record: RoundRecord,
-        down: int,
     ) -> list[Reply]:
         """Validate every answer; record failures and rejections as events, keep the rest."""
-        model = model_part(dict(sent))
+        layout = self.backend.reply_layout(phase)
         valid = []
         for site, answer in answers.items():
             row = rows[site]
+            down = payload_bytes(requests[site].tensors)
+            up = 0 if isinstance(answer, NodeFailure) else payload_bytes(answer.tensors)
+            row.metrics.setdefault("bytes", {})[phase] = {"down": down, "up": up}
             row.bytes_down = (row.bytes_down or 0) + down
             record.bytes_down += down
             if isinstance(answer, NodeFailure):
                 row.status = answer.status
-                record.events.append((site, "error", f"{answer.status}: {answer.message}"))
+                record.events.append((site, "error", f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
-                validate_reply(answer, model, self.backend.reply_extras())
+                validate_reply(answer, model_part(requests[site].tensors), layout)
             except InvalidReply as exc:
                 row.status = "rejected"
-                record.events.append((site, "error", f"rejected: {exc}"))
+                record.events.append((site, "error", f"{phase}: rejected: {exc}"))
                 continue
-            up = payload_bytes(answer.tensors)
             row.bytes_up = (row.bytes_up or 0) + up
             record.bytes_up += up
-            row.status, row.steps, row.n = "completed", answer.steps, answer.num_examples
+            if row.status in ("idle", "completed"):
+                row.status = "completed"
+            row.steps = (row.steps or 0) + answer.steps
+            row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
-            row.train_loss = answer.metrics.get("train_loss")
+            row.train_loss = answer.metrics.get("train_loss", row.train_loss)
             row.cv_drift = tensor_norm(answer.tensors, "dc/")
             valid.append(answer)
         return valid
@@ -194,10 +216,8 @@ class Coordinator:
                 row.auc_lo, row.auc_hi = first.lo, first.hi
             row.val_auc = mean_auc(val.aucs)
             row.n_test, row.test_positives = test.n, test.positives
-            row.metrics = {
-                "test_auc_per_label": [a.auc for a in test.aucs],
-                "undefined": [a.reason for a in test.aucs if a.reason],
-            }
+            row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
+            row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
         site_aucs = {s: rows[s].auc for s in evaluations}
         defined = [a for a in site_aucs.values() if a is not None]
         record.worst_site_auc = min(defined) if defined else None

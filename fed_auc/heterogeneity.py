@@ -12,10 +12,21 @@ import torch
 
 from fed_auc.trainable import WEIGHT, Tensors
 
+GRADIENT = "g/"
 
-def flat_update(sent: Tensors, returned: Tensors, prefix: str = WEIGHT) -> torch.Tensor:
-    names = [n for n in sent if n.startswith(prefix)]
-    return torch.cat([(returned[n].float() - sent[n].float()).flatten() for n in names])
+
+def site_update(sent: Tensors, returned: Tensors) -> torch.Tensor | None:
+    """A site's network update as one vector: w_k − w for iterates, −g for gradients.
+
+    None when the reply carries neither (e.g. a gradient-collection phase of a backend that
+    sends something else).
+    """
+    names = [n for n in sent if n.startswith(WEIGHT)]
+    if names and all(n in returned for n in names):
+        return torch.cat([(returned[n].float() - sent[n].float()).flatten() for n in names])
+    if names and all(GRADIENT + n in returned for n in names):
+        return torch.cat([-returned[GRADIENT + n].float().flatten() for n in names])
+    return None
 
 
 def update_signals(updates: Mapping[str, torch.Tensor]) -> dict[str, dict[str, float]]:

@@ -21,6 +21,7 @@ from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData
 from fed_auc.data.synthetic import DEFAULT_PROFILES, make_synthetic_federation
 from fed_auc.export import export_model
+from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
 from fed_auc.models import ARCHITECTURES, build_model
 from fed_auc.node import Node
@@ -37,6 +38,8 @@ class SimulationConfig:
     sites: int = 4
     rounds: int = 20
     local_steps: int = 8
+    local_steps_range: str | None = None  # "MIN:MAX": τ_i drawn per site and round (seeded)
+    site_local_steps: list[int] | None = None  # fixed τ_i per site, in site order
     batch_size: int = 32
     lr: float = 0.1
     model: str = "tiny"
@@ -86,6 +89,14 @@ class SimulationConfig:
             raise ValueError(f"min_pos_fraction must be in [0, 1), got {self.min_pos_fraction!r}")
         if not (math.isfinite(self.data_scale) and self.data_scale > 0):
             raise ValueError(f"data_scale must be > 0, got {self.data_scale!r}")
+        if self.site_local_steps is not None and len(self.site_local_steps) != self.sites:
+            raise ValueError(
+                f"site_local_steps needs one value per site ({self.sites}), "
+                f"got {self.site_local_steps!r}"
+            )
+        if self.site_local_steps is not None and self.local_steps_range is not None:
+            raise ValueError("give site_local_steps or local_steps_range, not both")
+        self.local_work([f"site{i}" for i in range(self.sites)])
         build_backend(self.algorithm, **self.backend_hyperparameters())
 
     def backend_hyperparameters(self) -> dict[str, Any]:
@@ -108,6 +119,14 @@ class SimulationConfig:
                 )
             common["stage_output"] = self.stage_output
         return common
+
+    def local_work(self, site_names: list[str]) -> LocalWork | None:
+        """Per-site τ_i, or None when every site does the backend's ``local_steps``."""
+        if self.local_steps_range is not None:
+            return LocalWork.from_range(self.local_steps_range, seed=self.seed)
+        if self.site_local_steps is not None:
+            return LocalWork(fixed=dict(zip(site_names, self.site_local_steps, strict=True)))
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -190,6 +209,7 @@ def build_federation(config: SimulationConfig) -> Federation:
             server,
             participation=config.participation,
             seed=config.seed,
+            local_work=config.local_work([site.name for site in sites]),
         )
     except BaseException as exc:
         _fail(store, run_id, exc)

@@ -37,7 +37,7 @@ def _trainable(loss: str = "auc_margin", seed: int = 0) -> Trainable:
 
 def _run(backend, sites: list[Trainable], streams, rounds: int, participation=None):
     """Drive plan → client_update → aggregate by hand; returns the final state and locals."""
-    state = backend.init_server(sites[0], len(sites))
+    state = backend.init_server(sites[0], {f"site{k}": 10 * (k + 1) for k in range(len(sites))})
     local = [{} for _ in sites]
     for r in range(rounds):
         chosen = participation[r] if participation else range(len(sites))
@@ -205,7 +205,7 @@ def test_coda_plus_stage_output_is_the_average_iterate_and_the_next_reference():
         stage_output="average",
         **NO_EXTRAS,
     )
-    state = backend.init_server(site, 1)
+    state = backend.init_server(site, {"site0": 1})
     noise = zero_noise()
     for r in range(2):  # one stage: 2 rounds × 2 steps
         reply, _ = backend.client_update(backend.plan(state, r), {}, site, noise)
@@ -234,7 +234,7 @@ def test_codasca_random_round_output_restarts_the_next_stage_from_one_rounds_ite
         stage_output="random_round",
         **NO_EXTRAS,
     )
-    state = backend.init_server(sites[0], 2)
+    state = backend.init_server(sites[0], {"site0": 1, "site1": 1})
     streams, local, iterates = [zero_noise(), zero_noise()], [{}, {}], []
     for r in range(5):  # one stage: 5 rounds × 2 steps
         broadcast = backend.plan(state, r)

@@ -121,7 +121,7 @@ def test_a_round_without_any_valid_reply_fails_the_run_and_keeps_the_record(tmp_
         raise RuntimeError(f"GPU on fire at {self.name}")
 
     monkeypatch.setattr(Node, "train", broken)
-    with pytest.raises(FederationError, match="round 1: no valid reply"):
+    with pytest.raises(FederationError, match="round 1, phase 'train': no valid reply"):
         _simulate(tmp_path)
     with RunStore(tmp_path) as store:
         run = store.runs().iloc[0]
@@ -141,6 +141,37 @@ def test_partial_participation_selects_a_seeded_subset(tmp_path):
     )
     assert per_round.tolist() == [2, 2, 2]  # ⌈0.5 · 3⌉
     assert set(rows[rows["round"] > 0]["status"]) == {"completed", "idle"}
+
+
+def test_heterogeneous_local_steps_are_done_and_recorded(tmp_path):
+    summary = _simulate(tmp_path, local_steps_range="1:5", rounds=3)
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+    steps = rows[rows["round"] > 0]["steps"].tolist()
+    assert all(1 <= s <= 5 for s in steps) and len(set(steps)) > 1
+    again = _simulate(tmp_path / "again", local_steps_range="1:5", rounds=3)
+    with RunStore(tmp_path / "again") as store:
+        rows_again = store.site_rounds(again["run_id"])
+    assert rows_again[rows_again["round"] > 0]["steps"].tolist() == steps  # seeded
+
+    fixed = _simulate(tmp_path / "fixed", site_local_steps=[2, 5, 3])
+    with RunStore(tmp_path / "fixed") as store:
+        rows = store.site_rounds(fixed["run_id"])
+    from fed_auc.data.synthetic import DEFAULT_PROFILES
+
+    first = rows[rows["round"] == 1].set_index("site")["steps"]
+    assert [first[p.name] for p in DEFAULT_PROFILES[:3]] == [2, 5, 3]
+    bytes_ = json.loads(rows[rows["round"] == 1]["metrics"].iloc[0])["bytes"]["train"]
+    assert bytes_["down"] == rows[rows["round"] == 1]["bytes_down"].iloc[0]
+
+
+def test_local_steps_options_are_validated():
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        SimulationConfig(local_steps_range="3-20")
+    with pytest.raises(ValueError, match="1 ≤ MIN ≤ MAX"):
+        SimulationConfig(local_steps_range="5:2")
+    with pytest.raises(ValueError, match="one value per site"):
+        SimulationConfig(sites=3, site_local_steps=[2, 5])
 
 
 def test_min_max_backends_refuse_cross_entropy():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fed_auc.algorithms.base import Reply
+from fed_auc.algorithms.base import Reply, ReplyLayout
 from fed_auc.validation import InvalidReply, validate_reply
 
 MODEL = {
@@ -14,6 +14,9 @@ MODEL = {
     "auc/alpha": torch.zeros(1),
     "buf/bn.running_mean": torch.zeros(3),
 }
+
+
+LAYOUT = ReplyLayout(prefixes=("", "dc/"))
 
 
 def _reply(**changes) -> Reply:
@@ -28,7 +31,7 @@ def _reply(**changes) -> Reply:
 
 
 def test_a_well_formed_reply_passes():
-    validate_reply(_reply(), MODEL, required_extras=("dc/",))
+    validate_reply(_reply(), MODEL, LAYOUT)
 
 
 @pytest.mark.parametrize(
@@ -40,15 +43,17 @@ def test_a_well_formed_reply_passes():
         (_reply(tensors={"w/conv": torch.zeros(2, 3, dtype=torch.float64)}), "dtype"),
         (_reply(tensors={"w/other": torch.zeros(1)}), "unexpected tensor 'w/other'"),
         (_reply(tensors={"dc/w/conv": torch.zeros(5)}), "'dc/w/conv' has shape"),
-        (_reply(drop=["auc/alpha"]), r"missing model tensor\(s\) \['auc/alpha'\]"),
-        (_reply(drop=["dc/auc/a"]), "missing dc/auc/a"),
+        (_reply(drop=["buf/bn.running_mean"]), "missing.*buf/bn.running_mean"),
+        (_reply(drop=["auc/alpha"]), r"missing tensor\(s\) \['auc/alpha'\]"),
+        (_reply(drop=["dc/auc/a"]), r"missing tensor\(s\) \['dc/auc/a'\]"),
+        (_reply(tensors={"mean/w/conv": torch.zeros(2, 3)}), "unexpected tensor 'mean/w/conv'"),
         (_reply(tensors={"w/conv": [[0.0] * 3] * 2}), "is a list, not a tensor"),
         (_reply(metrics={"train_loss": float("nan")}), "metric 'train_loss'"),
     ],
 )
 def test_bad_replies_are_rejected_with_the_tensor_named(reply, message):
     with pytest.raises(InvalidReply, match=message) as info:
-        validate_reply(reply, MODEL, required_extras=("dc/",))
+        validate_reply(reply, MODEL, LAYOUT)
     assert "site 'st-a'" in str(info.value)
 
 
@@ -56,4 +61,4 @@ def test_bad_counts_are_rejected():
     reply = _reply()
     reply.num_examples = 0
     with pytest.raises(InvalidReply, match="num_examples"):
-        validate_reply(reply, MODEL)
+        validate_reply(reply, MODEL, LAYOUT)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,15 @@ class Reply:
     metrics: dict[str, float] = field(default_factory=dict)
     num_examples: int = 0  # filled in by the node, which knows its data
     site: str = ""
+
+
+@dataclass(frozen=True)
+class ReplyLayout:
+    """The tensors a reply of one phase carries: for every prefix, one tensor per variable
+    (primal and dual; ``""`` = the iterates themselves), plus the buffers if ``buffers``."""
+
+    prefixes: tuple[str, ...] = ("",)
+    buffers: bool = True
 
 
 def prefixed(prefix: str, tensors: Tensors) -> Tensors:
@@ -132,7 +141,8 @@ class Backend(ABC):
         return self.lr / self.lr_decay ** self.stage_of(round_)
 
     @abstractmethod
-    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState: ...
+    def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
+        """The initial server state; ``site_sizes`` = training examples per site (all sites)."""
 
     @abstractmethod
     def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast: ...
@@ -151,9 +161,13 @@ class Backend(ABC):
         self, state: ServerState, replies: Sequence[Reply], phase: str = "train"
     ) -> ServerState: ...
 
-    def reply_extras(self) -> tuple[str, ...]:
-        """Prefixes of the extra tensors every reply must carry for every variable."""
-        return ()
+    def reply_layout(self, phase: str = "train") -> ReplyLayout:
+        """What a valid reply of ``phase`` carries (checked before ``aggregate``)."""
+        return ReplyLayout()
+
+    def phase_participation(self, phase: str) -> float | None:
+        """Fraction of sites to sample for ``phase``; None = the run's participation."""
+        return None
 
     def global_tensors(self, state: ServerState) -> Tensors:
         """The global model (w, a, b, α, buffers) held in a server state."""

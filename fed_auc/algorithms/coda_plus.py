@@ -19,7 +19,7 @@ to 0.66 at the first stage boundary with "average"; with "last" it kept rising).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -29,6 +29,7 @@ from fed_auc.algorithms.base import (
     Broadcast,
     LocalState,
     Reply,
+    ReplyLayout,
     ServerState,
     model_part,
     prefixed,
@@ -55,11 +56,11 @@ class CODAPlus(Backend):
         self.gamma = gamma
         self.stage_output = stage_output
 
-    def reply_extras(self) -> tuple[str, ...]:
-        return (MEAN,) if self.stage_output == "average" else ()
+    def reply_layout(self, phase: str = "train") -> ReplyLayout:
+        return ReplyLayout(prefixes=("", MEAN) if self.stage_output == "average" else ("",))
 
     # -- server -------------------------------------------------------------------------
-    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState:
+    def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
         model = trainable.tensors()
         return {
             "round": 0,

@@ -25,7 +25,7 @@ fell from 0.83 to 0.60 at the first stage boundary with "random_round").
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -35,6 +35,7 @@ from fed_auc.algorithms.base import (
     Broadcast,
     LocalState,
     Reply,
+    ReplyLayout,
     ServerState,
     model_part,
     prefixed,
@@ -72,17 +73,17 @@ class CODASCA(Backend):
         self.stage_output = stage_output
         self.seed = seed
 
-    def reply_extras(self) -> tuple[str, ...]:
-        return (CONTROL_DELTA,)
+    def reply_layout(self, phase: str = "train") -> ReplyLayout:
+        return ReplyLayout(prefixes=("", CONTROL_DELTA))
 
     # -- server -------------------------------------------------------------------------
-    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState:
+    def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
         model = trainable.tensors()
         variables = [*trainable.primal, *trainable.dual]
         return {
             "round": 0,
             "stage": 0,
-            "num_sites": num_sites,
+            "num_sites": len(site_sizes),
             "dual_min": trainable.dual_min,
             "model": model,
             "ref": {n: model[n].clone() for n in trainable.primal},

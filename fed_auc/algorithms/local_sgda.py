@@ -7,7 +7,7 @@ no control variates: with heterogeneous sites the average drifts from the global
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fed_auc.algorithms.base import (
     Backend,
@@ -27,7 +27,7 @@ from fed_auc.trainable import Trainable
 class LocalSGDA(Backend):
     name = "local_sgda"
 
-    def init_server(self, trainable: Trainable, num_sites: int) -> ServerState:
+    def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
         return {"round": 0, "model": trainable.tensors()}
 
     def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast:

@@ -7,7 +7,7 @@ round goes on with the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fed_auc.algorithms.base import Broadcast, Reply
@@ -29,8 +29,12 @@ class LocalTransport:
     def register(self) -> dict[str, dict[str, Any]]:
         return {name: node.registration() for name, node in self.nodes.items()}
 
-    def train(self, sites: Sequence[str], broadcast: Broadcast) -> dict[str, Reply | NodeFailure]:
-        return {site: self._call(site, lambda n: n.train(broadcast)) for site in sites}
+    def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
+        """Each site's request (the broadcast, with that site's own config) to its node."""
+        return {
+            site: self._call(site, lambda n, b=broadcast: n.train(b))
+            for site, broadcast in requests.items()
+        }
 
     def evaluate(
         self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
