@@ -47,6 +47,12 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--min-pos-fraction", type=float, help="floor of positives per batch (default 0.05)"
     )
+    p.add_argument(
+        "--backend-option",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a further hyperparameter of the backend (repeatable), e.g. server_lr=0.5",
+    )
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -73,11 +79,27 @@ def config_from_args(args: argparse.Namespace) -> SimulationConfig:
     if args.config is not None:
         values.update(read_config_file(args.config, fields))
     values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    if args.backend_option:
+        options = dict(values.get("backend_options", {}))
+        options.update(parse_backend_option(text) for text in args.backend_option)
+        values["backend_options"] = options
     try:
         return SimulationConfig(**values)
     except (TypeError, ValueError) as exc:
         source = f" (config {args.config})" if args.config else ""
         raise SystemExit(f"fed-auc simulate: invalid option{source}: {exc}") from None
+
+
+def parse_backend_option(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` with VALUE read as TOML (numbers, booleans, quoted strings) or a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip():
+        raise SystemExit(f"fed-auc: --backend-option must look like NAME=VALUE, got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return name.strip(), value
 
 
 def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:

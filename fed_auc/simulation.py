@@ -59,6 +59,9 @@ class SimulationConfig:
     # A 20 % floor skews the batches away from the prevalence p the AUC loss assumes: on the
     # demo federation it cost 0.05 pooled and 0.2 worst-site AUC (BENCHMARKS.md).
     min_pos_fraction: float = 0.05
+    # Further hyperparameters of the chosen backend, by name (TOML table [backend_options],
+    # CLI --backend-option NAME=VALUE); the backend validates them.
+    backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_scale: float = 1.0
     runs_dir: str = "runs"
 
@@ -97,7 +100,10 @@ class SimulationConfig:
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
         self.local_work([f"site{i}" for i in range(self.sites)])
-        build_backend(self.algorithm, **self.backend_hyperparameters())
+        try:
+            build_backend(self.algorithm, **self.backend_hyperparameters())
+        except TypeError as exc:  # an option the backend does not have
+            raise ValueError(f"algorithm {self.algorithm!r}: {exc}") from None
 
     def backend_hyperparameters(self) -> dict[str, Any]:
         common = {
@@ -118,7 +124,7 @@ class SimulationConfig:
                     f"stage_output applies to coda_plus and codasca, not {self.algorithm!r}"
                 )
             common["stage_output"] = self.stage_output
-        return common
+        return {**common, **self.backend_options}
 
     def local_work(self, site_names: list[str]) -> LocalWork | None:
         """Per-site τ_i, or None when every site does the backend's ``local_steps``."""

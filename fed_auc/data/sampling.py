@@ -8,6 +8,7 @@ batch. Everything else is plain epoch-wise shuffling without replacement.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -57,6 +58,17 @@ class BatchStream:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.next_indices()
         return self.split.images[rows], self.split.labels[rows]
+
+    def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The whole split once, in order, in chunks: for full local gradients (FedSGDA).
+
+        It does not move the stream: the next ``next()`` is what it would have been.
+        """
+        for start in range(0, len(self.split), batch_size):
+            yield (
+                self.split.images[start : start + batch_size],
+                self.split.labels[start : start + batch_size],
+            )
 
     def next_indices(self) -> torch.Tensor:
         """Row indices of the next batch (what `next()` gathers)."""
