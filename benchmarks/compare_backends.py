@@ -62,8 +62,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="a subset of backends")
     args = parser.parse_args()
     names = [n for n in ORDER if n in ALGORITHMS and (not args.only or n in args.only)]
-    print("| backend | pooled test AUC | worst-site AUC | MB (down + up) | AUC gain per MB "
-          "| local steps |")
+    print(
+        "| backend | pooled test AUC | worst-site AUC | MB (down + up) | AUC gain per MB "
+        "| local steps |"
+    )
     print("|---|---|---|---|---|---|")
     for name in names:
         with tempfile.TemporaryDirectory() as runs_dir:

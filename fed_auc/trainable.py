@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 Tensors = dict[str, torch.Tensor]
 
@@ -59,6 +60,25 @@ class Trainable:
         grads = torch.autograd.grad(value, self._primal_list + self._dual_list)
         n = len(self._primal_list)
         return value.detach(), list(grads[:n]), list(grads[n:])
+
+    def dual_gradients_at(
+        self, point: Tensors, x: torch.Tensor, y: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """∇_α of the loss on one batch with the primal block taken at ``point`` (``w/…``,
+        ``auc/…``) and α at its current value: Fed-Norm-SGDA+'s ascent direction at a snapshot.
+
+        The network runs on scratch copies of its buffers, so a train-mode forward at the
+        snapshot leaves this node's BatchNorm statistics untouched.
+        """
+        params = {n[len(WEIGHT) :]: t for n, t in point.items() if n.startswith(WEIGHT)}
+        scratch = {n: b.clone() for n, b in self.model.named_buffers()}
+        with torch.no_grad():  # α's gradient needs the scores, not their graph
+            scores = functional_call(self.model, {**params, **scratch}, (x,))
+        loss_params = {
+            n[len(AUC) :]: t for n, t in point.items() if n.startswith(AUC) and n in self.primal
+        }
+        value = functional_call(self.loss, loss_params, (scores, y))
+        return list(torch.autograd.grad(value, self._dual_list))
 
     @torch.no_grad()
     def project_(self) -> None:

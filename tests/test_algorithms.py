@@ -264,7 +264,7 @@ def test_fedavg_weights_sites_by_examples_and_local_sgda_uniformly():
 
 
 def test_every_backend_validates_its_hyperparameters():
-    assert set(ALGORITHMS) == {"fedavg", "local_sgda", "coda_plus", "codasca"}
+    assert {"fedavg", "local_sgda", "coda_plus", "codasca"} <= set(ALGORITHMS)
     with pytest.raises(ValueError, match="unknown algorithm 'fedprox'"):
         build_backend("fedprox")
     with pytest.raises(ValueError, match="lr must be"):

@@ -31,6 +31,11 @@ class ToyTrainable(Trainable):
         value = 0.5 * x @ self.A @ x + x @ self.B @ y - 0.5 * self.mu * y @ y
         return value, [gx.clone()], [gy.clone()]
 
+    def dual_gradients_at(self, point, noise_x: torch.Tensor, noise_y: torch.Tensor):
+        """∇_y f at the primal ``point`` (Fed-Norm-SGDA+'s snapshot) and the current y."""
+        y = self.dual["auc/alpha"]
+        return [self.B.T @ point["w/x"] - self.mu * y - self.d + noise_y]
+
 
 def toy_sites(k: int = 4) -> list[ToyTrainable]:
     """K sites with different curvature and linear terms (heterogeneous)."""
@@ -62,3 +67,17 @@ def zero_noise():
     """An endless stream of zero noise: deterministic gradients."""
     while True:
         yield torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+
+
+def weighted_saddle_point(
+    sites: list[ToyTrainable], weights: list[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Saddle point of Σ_k weight_k f_k (weights summing to 1; B and μ shared by the sites)."""
+    A = sum(w * s.A for s, w in zip(sites, weights, strict=True))
+    e = sum(w * s.e for s, w in zip(sites, weights, strict=True))
+    d = sum(w * s.d for s, w in zip(sites, weights, strict=True))
+    B, mu = sites[0].B, sites[0].mu
+    top = torch.cat([A, B], dim=1)
+    bottom = torch.cat([B.T, -mu * torch.eye(1, dtype=torch.float64)], dim=1)
+    solution = torch.linalg.solve(torch.cat([top, bottom]), -torch.cat([e, -d]))
+    return solution[:2], solution[2:]

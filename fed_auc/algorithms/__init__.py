@@ -7,11 +7,23 @@ from typing import Any
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.algorithms.coda_plus import CODAPlus
 from fed_auc.algorithms.codasca import CODASCA
+from fed_auc.algorithms.fed_norm_sgda import FedNormSGDA, FedNormSGDAPlus
 from fed_auc.algorithms.fedavg import FedAvg
+from fed_auc.algorithms.fedsgda import FedSGDAMB, FedSGDASTORM
 from fed_auc.algorithms.local_sgda import LocalSGDA
 
 ALGORITHMS: dict[str, type[Backend]] = {
-    cls.name: cls for cls in (CODASCA, CODAPlus, LocalSGDA, FedAvg)
+    cls.name: cls
+    for cls in (
+        CODASCA,
+        CODAPlus,
+        LocalSGDA,
+        FedAvg,
+        FedSGDAMB,
+        FedSGDASTORM,
+        FedNormSGDA,
+        FedNormSGDAPlus,
+    )
 }
 
 
