@@ -165,6 +165,37 @@ def test_heterogeneous_local_steps_are_done_and_recorded(tmp_path):
     assert bytes_["down"] == rows[rows["round"] == 1]["bytes_down"].iloc[0]
 
 
+@pytest.mark.parametrize("algorithm", ["codasca", "fedsgda_storm", "fed_norm_sgda"])
+def test_byte_counters_equal_the_bytes_of_the_tensors_sent(tmp_path, monkeypatch, algorithm):
+    from fed_auc.transport.local import LocalTransport
+
+    sent: dict[tuple[int, str, str], tuple[int, int]] = {}
+    original = LocalTransport.train
+
+    def recording(self, requests):
+        answers = original(self, requests)
+        for site, broadcast in requests.items():
+            down = sum(len(t.numpy().tobytes()) for t in broadcast.tensors.values())
+            up = sum(len(t.numpy().tobytes()) for t in answers[site].tensors.values())
+            sent[(broadcast.round + 1, site, broadcast.phase)] = (down, up)
+        return answers
+
+    monkeypatch.setattr(LocalTransport, "train", recording)
+    summary = _simulate(tmp_path, algorithm=algorithm, participation=0.7)
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+        rounds = store.rounds(summary["run_id"]).set_index("round")
+    recorded = {}
+    for row in rows[rows["round"] > 0].itertuples():
+        for phase, b in json.loads(row.metrics).get("bytes", {}).items():
+            recorded[(row.round, row.site, phase)] = (b["down"], b["up"])
+    assert recorded == sent and sent
+    for round_ in (1, 2):
+        down = sum(d for (r, _, _), (d, _) in sent.items() if r == round_)
+        up = sum(u for (r, _, _), (_, u) in sent.items() if r == round_)
+        assert (rounds.loc[round_, "bytes_down"], rounds.loc[round_, "bytes_up"]) == (down, up)
+
+
 def test_local_steps_options_are_validated():
     with pytest.raises(ValueError, match="MIN:MAX"):
         SimulationConfig(local_steps_range="3-20")
