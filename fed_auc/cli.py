@@ -20,7 +20,11 @@ DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation on this machine (in-process nodes)")
     p.add_argument("--config", type=Path, help="TOML file whose keys are these options")
-    p.add_argument("--algorithm", help="codasca (default), coda_plus, local_sgda, fedavg")
+    p.add_argument(
+        "--algorithm",
+        help="codasca (default), coda_plus, local_sgda, fedavg, fed_norm_sgda, "
+        "fed_norm_sgda_plus, fedsgda_mb, fedsgda_storm",
+    )
     p.add_argument("--sites", type=int, help="number of synthetic hospital sites (default 4)")
     p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
     p.add_argument("--local-steps", type=int, help="local steps I per round (default 8)")
