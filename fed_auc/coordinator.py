@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState, model_part
+from fed_auc.algorithms.codasca import CONTROL_DELTA
 from fed_auc.heterogeneity import site_update, tensor_norm, update_signals
 from fed_auc.io import save_state
 from fed_auc.local_work import LocalWork
@@ -191,7 +192,7 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
-            row.cv_drift = tensor_norm(answer.tensors, "dc/")
+            row.cv_drift = tensor_norm(answer.tensors, CONTROL_DELTA)
             valid.append(answer)
         return valid
 

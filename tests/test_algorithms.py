@@ -273,5 +273,9 @@ def test_every_backend_validates_its_hyperparameters():
         build_backend("coda_plus", local_steps=0)
     with pytest.raises(ValueError, match="eta_g"):
         build_backend("codasca", eta_g=0)
+    with pytest.raises(ValueError, match="'codasca' has no hyperparameter 'bogus'; valid: "):
+        build_backend("codasca", bogus=1)
+    with pytest.raises(ValueError, match="server_lr must be a finite number > 0, got 'abc'"):
+        build_backend("fed_norm_sgda", server_lr="abc")
     with pytest.raises(ValueError, match="stage_output"):
         build_backend("coda_plus", stage_output="random_round")

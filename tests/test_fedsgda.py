@@ -238,7 +238,7 @@ def test_hyperparameters_are_validated():
         build_backend("fedsgda_storm", decay_power=-0.1)
     with pytest.raises(ValueError, match="storm_c"):
         build_backend("fedsgda_storm", storm_c=0)
-    with pytest.raises(TypeError, match="storm_c"):
+    with pytest.raises(ValueError, match="'fedsgda_mb' has no hyperparameter 'storm_c'"):
         build_backend("fedsgda_mb", storm_c=1.0)
     with pytest.raises(ValueError, match="local_steps"):
         build_backend("fedsgda_storm", local_steps=0)

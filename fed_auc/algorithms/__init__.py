@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
@@ -31,7 +32,26 @@ def build_backend(name: str, **hyperparameters: Any) -> Backend:
     """The backend registered as ``name``, with its hyperparameters validated."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    valid = hyperparameter_names(ALGORITHMS[name])
+    unknown = sorted(set(hyperparameters) - valid)
+    if unknown:
+        raise ValueError(
+            f"algorithm {name!r} has no hyperparameter {unknown[0]!r}; valid: {sorted(valid)}"
+        )
     return ALGORITHMS[name](**hyperparameters)
+
+
+def hyperparameter_names(cls: type[Backend]) -> set[str]:
+    """Keyword arguments a backend accepts, through its ``**common`` chain to ``Backend``."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and issubclass(klass, Backend):
+            names |= {
+                p.name
+                for p in inspect.signature(klass.__init__).parameters.values()
+                if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+            }
+    return names
 
 
 __all__ = ["ALGORITHMS", "Backend", "Broadcast", "Reply", "build_backend"]

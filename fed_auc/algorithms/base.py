@@ -13,6 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 import torch
@@ -87,8 +88,9 @@ def validate_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 
 def validate_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not (ok and math.isfinite(value)):
+    is_number = isinstance(value, Real) and not isinstance(value, bool)
+    ok = is_number and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
         bound = "≥ 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
