@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fed_auc.algorithms import ALGORITHMS, build_backend
+from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData
 from fed_auc.data.synthetic import DEFAULT_PROFILES, make_synthetic_federation
@@ -99,7 +99,7 @@ class SimulationConfig:
             )
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
-        self.local_work([f"site{i}" for i in range(self.sites)])
+        self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
         build_backend(self.algorithm, **self.backend_hyperparameters())  # validates them
 
     def backend_hyperparameters(self) -> dict[str, Any]:
@@ -111,15 +111,10 @@ class SimulationConfig:
             "weight_decay": self.weight_decay,
             "grad_clip": self.grad_clip,
         }
-        if self.algorithm in ("coda_plus", "codasca"):
-            common["gamma"] = self.gamma
-        if self.algorithm == "codasca":
-            common.update(eta_g=self.eta_g, seed=self.seed)
-        if self.stage_output is not None:
-            if self.algorithm not in ("coda_plus", "codasca"):
-                raise ValueError(
-                    f"stage_output applies to coda_plus and codasca, not {self.algorithm!r}"
-                )
+        accepted = hyperparameter_names(ALGORITHMS[self.algorithm])
+        specific = {"gamma": self.gamma, "eta_g": self.eta_g, "seed": self.seed}
+        common.update({k: v for k, v in specific.items() if k in accepted})
+        if self.stage_output is not None:  # refused by backends without stages
             common["stage_output"] = self.stage_output
         return {**common, **self.backend_options}
 

@@ -54,4 +54,4 @@ def hyperparameter_names(cls: type[Backend]) -> set[str]:
     return names
 
 
-__all__ = ["ALGORITHMS", "Backend", "Broadcast", "Reply", "build_backend"]
+__all__ = ["ALGORITHMS", "Backend", "Broadcast", "Reply", "build_backend", "hyperparameter_names"]
