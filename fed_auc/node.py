@@ -88,10 +88,10 @@ class Node:
             if "sampler" in saved:
                 self.batches.load_state_dict(saved["sampler"])
             self._local_state = saved.get("backend", {})
-        if getattr(self.trainable.loss, "is_minimax", False):
+        if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
         reply, self._local_state = self.backend.client_update(
-            broadcast, self._local_state, self.trainable, iter(self.batches)
+            broadcast, self._local_state, self.trainable, self.batches
         )
         state = {"backend": self._local_state, "sampler": self.batches.state_dict()}
         save_state(state, self.state_path)

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +22,16 @@ from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors, Trainable
 
 ServerState = dict[str, Any]
 LocalState = dict[str, Any]
-Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Batches(Protocol):
+    """A node's local training data as a backend sees it (the node's ``BatchStream``)."""
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next sampled minibatch (x, y)."""
+
+    def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """All local training data once, in chunks (for full local gradients)."""
 
 
 @dataclass
