@@ -57,6 +57,22 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a further hyperparameter of the backend (repeatable), e.g. server_lr=0.5",
     )
+    p.add_argument(
+        "--max-update-norm",
+        type=float,
+        help="reject a reply whose update ‖w_k − w‖ exceeds this bound (default: no bound)",
+    )
+    p.add_argument(
+        "--dp-clip", type=float, help="client-side DP: clip each update block to this L2 norm C"
+    )
+    p.add_argument(
+        "--dp-noise", type=float, help="client-side DP: Gaussian noise multiplier σ (std σ·C)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted run from its last recorded round (its recorded options)",
+    )
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -119,19 +135,32 @@ def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
     return data
 
 
-def simulate(config: SimulationConfig, as_json: bool) -> dict[str, Any]:
+def simulate(
+    config: SimulationConfig | None, as_json: bool, resume: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar."""
     from tqdm import tqdm
 
-    from fed_auc.simulation import run_simulation
+    from fed_auc.simulation import rounds_left, run_simulation
 
-    bar = tqdm(total=config.rounds, desc=f"{config.algorithm}", unit="round", file=sys.stderr)
+    if resume is not None:
+        try:
+            total, desc = rounds_left(*resume), f"resume {resume[1]}"
+        except KeyError as exc:
+            raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
+    else:
+        total, desc = config.rounds, config.algorithm
+    bar = tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
 
     def on_round(record) -> None:
         bar.set_postfix(auc=_fmt(record.global_auc), worst=_fmt(record.worst_site_auc))
         bar.update(1)
 
     try:
-        summary = run_simulation(config, on_round)
+        if resume is not None:
+            summary = _resume(resume, on_round)
+        else:
+            summary = run_simulation(config, on_round)
     finally:
         bar.close()
     if as_json:
@@ -179,6 +208,31 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         )
 
 
+def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
+    from fed_auc.coordinator import FederationError
+    from fed_auc.simulation import resume_simulation
+
+    try:
+        return resume_simulation(*resume, on_round=on_round)
+    except (ValueError, FederationError) as exc:
+        raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
+
+
+def _resume_runs_dir(args: argparse.Namespace) -> str:
+    """``--resume`` takes every option from the recorded run; only where it lives may be given."""
+    given = [
+        name
+        for name, value in vars(args).items()
+        if value not in (None, False) and name not in ("command", "resume", "runs_dir", "json")
+    ]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise SystemExit(
+            f"fed-auc simulate --resume uses the run's recorded options; drop {flags}"
+        )
+    return args.runs_dir or "runs"
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -189,7 +243,9 @@ def _num(value: Any) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
+    if args.command == "simulate" and args.resume is not None:
+        simulate(None, args.json, resume=(_resume_runs_dir(args), args.resume))
+    elif args.command == "simulate":
         simulate(config_from_args(args), args.json)
     elif args.command == "demo":
         config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)

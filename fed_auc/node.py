@@ -4,10 +4,20 @@ The node answers two requests, whatever the transport: ``train`` (run the backen
 ``client_update`` on local data) and ``evaluate`` (score a model on local splits). Only
 tensors of the model update and aggregate counts leave it; per-image scores leave only when
 the request asks for pooled scoring (simulation does, to report pooled AUC).
+
+Local state (control variates, the sampler's position) is committed in two steps, so a node
+never keeps the effect of a reply the federation did not keep. After training, the new state
+is written (atomically, checksummed) as *pending*; the coordinator's next request says which
+of this site's replies it has committed (``commit``: round and phase of the last accepted
+reply in a recorded round) and which reply of the current round it builds on (``continue``).
+A pending state with the committed tag becomes the local state; one with the continued tag
+is the working state for the next phase; any other (a reply that was dropped, rejected, or
+lost to a coordinator crash) is thrown away and the node goes back to its committed state.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +33,11 @@ from fed_auc.io import load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
+from fed_auc.privacy import Privacy
 from fed_auc.trainable import Tensors, Trainable
 
 LOCAL_STATE_FILE = "local_state.pt"
+PENDING_STATE_FILE = "local_state.pending.pt"
 EVAL_BATCH = 256
 
 
@@ -60,17 +72,22 @@ class Node:
         batch_size: int = 32,
         min_pos_fraction: float = 0.05,
         seed: int = 0,
+        privacy: Privacy | None = None,
     ) -> None:
         self.site = site
         self.backend = backend
+        self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
+        self.pending_path = Path(state_dir) / PENDING_STATE_FILE
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
-        self._local_state: dict[str, Any] | None = None  # in memory; on disk after each round
         self.batches = BatchStream(
             site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
         )
+        self._initial_sampler = self.batches.state_dict()
+        self._local_state: dict[str, Any] | None = None  # the working state, in memory
+        self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
 
     @property
     def name(self) -> str:
@@ -82,22 +99,56 @@ class Node:
         return {"n": len(split), "positives": split.positives(), "known": split.known()}
 
     def train(self, broadcast: Broadcast) -> Reply:
-        """Run the backend's local update and persist the local state before replying."""
-        if self._local_state is None:  # first request since start: read what survived
-            saved = load_state(self.state_path) if self.state_path.exists() else {}
-            if "sampler" in saved:
-                self.batches.load_state_dict(saved["sampler"])
-            self._local_state = saved.get("backend", {})
+        """Run the backend's local update and write the new state as pending before replying."""
+        self._sync_local_state(broadcast)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
         reply, self._local_state = self.backend.client_update(
             broadcast, self._local_state, self.trainable, self.batches
         )
-        state = {"backend": self._local_state, "sampler": self.batches.state_dict()}
-        save_state(state, self.state_path)
-        reply.site = self.name
+        self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
+        state = {
+            "tag": self._pending_tag,
+            "backend": self._local_state,
+            "sampler": self.batches.state_dict(),
+        }
+        save_state(state, self.pending_path)
+        reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
+        if self.privacy is not None:
+            reply = self.privacy.privatize(reply, broadcast, self.name)
         return reply
+
+    def _sync_local_state(self, broadcast: Broadcast) -> None:
+        """Promote, continue from or discard the pending state, as the request says."""
+        if self._pending_tag is None and self.pending_path.exists():  # after a restart
+            self._pending_tag = load_state(self.pending_path)["tag"]
+            self._local_state = None
+        # A driver that does not speak the protocol (a test, a script) keeps every state.
+        commit = broadcast.config.get("commit", self._pending_tag)
+        follow = broadcast.config.get("continue")
+        if self._pending_tag is not None:
+            tag, self._pending_tag = self._pending_tag, None
+            if tag == follow:  # a later phase of the round in progress
+                self._pending_tag = tag
+                self._load(self.pending_path)
+                return
+            if tag == commit:
+                self._load(self.pending_path)
+                os.replace(self.pending_path, self.state_path)
+                return
+            self.pending_path.unlink(missing_ok=True)  # never kept by the federation
+            self._local_state = None
+        if self._local_state is None:
+            self._load(self.state_path)
+
+    def _load(self, path: Path) -> None:
+        """Make the state saved at ``path`` the working one (no-op if it already is)."""
+        if self._local_state is not None and path == self.pending_path:
+            return  # the working state is the pending one, still in memory
+        saved = load_state(path) if path.exists() else {}
+        self.batches.load_state_dict(saved.get("sampler", self._initial_sampler))
+        self._local_state = saved.get("backend", {})
 
     @torch.no_grad()
     def evaluate(
