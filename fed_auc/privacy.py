@@ -31,10 +31,10 @@ class Privacy:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.clip, int | float) and math.isfinite(self.clip) and self.clip > 0):
-            raise ValueError(f"dp clip must be a finite number > 0, got {self.clip!r}")
+            raise ValueError(f"dp_clip must be a finite number > 0, got {self.clip!r}")
         sigma = self.noise_multiplier
         if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
-            raise ValueError(f"dp noise multiplier must be a finite number ≥ 0, got {sigma!r}")
+            raise ValueError(f"dp_noise (noise multiplier) must be a finite number ≥ 0, got {sigma!r}")
 
     def privatize(self, reply: Reply, broadcast: Broadcast, site: str) -> Reply:
         """The reply with every block clipped and noised; buffers (BN statistics) as they are."""

@@ -81,6 +81,8 @@ class SimulationConfig:
 
     def validate(self) -> None:
         """Fail early with the option name, the bad value and what was expected."""
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
         _choice("algorithm", self.algorithm, sorted(ALGORITHMS))
         _choice("loss", self.loss, LOSSES)
         _choice("model", self.model, sorted(ARCHITECTURES))
@@ -148,6 +150,31 @@ class SimulationConfig:
 def _choice(name: str, value: Any, choices: list[str] | tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "list[int]": (list,),
+    "dict[str, Any]": (dict,),
+}
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """``value`` matches a field annotation such as ``float | None`` (bool is not a number)."""
+    kinds = [kind.strip() for kind in str(annotation).split("|")]
+    if value is None:
+        if "None" in kinds:
+            return
+    elif not isinstance(value, bool) and any(
+        isinstance(value, _TYPES[kind]) for kind in kinds if kind in _TYPES
+    ):
+        if "list[int]" not in kinds or all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return
+    raise ValueError(f"{name} must be {annotation}, got {value!r} ({type(value).__name__})")
 
 
 def _positive(name: str, value: Any) -> None:
