@@ -34,7 +34,7 @@ class Privacy:
             raise ValueError(f"dp_clip must be a finite number > 0, got {self.clip!r}")
         sigma = self.noise_multiplier
         if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
-            raise ValueError(f"dp_noise (noise multiplier) must be a finite number ≥ 0, got {sigma!r}")
+            raise ValueError(f"dp_noise must be a finite number ≥ 0, got {sigma!r}")
 
     def privatize(self, reply: Reply, broadcast: Broadcast, site: str) -> Reply:
         """The reply with every block clipped and noised; buffers (BN statistics) as they are."""
