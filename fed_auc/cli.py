@@ -63,6 +63,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="reject a reply whose update ‖w_k − w‖ exceeds this bound (default: no bound)",
     )
     p.add_argument(
+        "--aggregation",
+        help="mean (default: the backend's weighted mean), median, or trimmed_mean[:β] "
+        "(coordinate-wise, robust to a few hostile sites)",
+    )
+    p.add_argument(
         "--dp-clip", type=float, help="client-side DP: clip each update block to this L2 norm C"
     )
     p.add_argument(

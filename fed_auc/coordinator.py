@@ -31,6 +31,7 @@ from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.local_work import LocalWork
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
+from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
@@ -81,6 +82,7 @@ class Coordinator:
         pooled_scoring: bool = True,
         local_work: LocalWork | None = None,
         max_update_norm: float | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
@@ -94,6 +96,7 @@ class Coordinator:
         self.pooled_scoring = pooled_scoring
         self.local_work = local_work
         self.max_update_norm = max_update_norm
+        self.aggregation = aggregation or Aggregation()
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
         self.pos_ratio = global_prevalence(registrations)
@@ -170,7 +173,7 @@ class Coordinator:
             updates = {site: u for site, u in updates.items() if u is not None}
             if updates:
                 signals = update_signals(updates)
-            self.state = self.backend.aggregate(self.state, valid, phase)
+            self.state = self.backend.aggregate(self.state, self.aggregation.apply(valid), phase)
         for site, values in signals.items():
             for key, value in values.items():
                 setattr(rows[site], key, value)

@@ -28,6 +28,7 @@ from fed_auc.losses import LOSSES, build_loss
 from fed_auc.models import ARCHITECTURES, build_model
 from fed_auc.node import Node
 from fed_auc.privacy import Privacy
+from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
@@ -70,6 +71,7 @@ class SimulationConfig:
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
     max_update_norm: float | None = None
+    aggregation: str = "mean"  # or median, trimmed_mean[:β] (fed_auc.robust)
     dp_clip: float | None = None
     dp_noise: float = 0.0
     runs_dir: str = "runs"
@@ -111,6 +113,7 @@ class SimulationConfig:
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
         self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
+        Aggregation.parse(self.aggregation)
         if self.max_update_norm is not None:
             _positive("max_update_norm", self.max_update_norm)
         if self.dp_clip is not None:
@@ -264,6 +267,7 @@ def build_federation(config: SimulationConfig, run_id: str | None = None) -> Fed
             seed=config.seed,
             local_work=config.local_work([site.name for site in sites]),
             max_update_norm=config.max_update_norm,
+            aggregation=Aggregation.parse(config.aggregation),
         )
         if resuming:
             last = coordinator.resume()
