@@ -32,6 +32,15 @@ def _atomic(path: Path, write) -> None:
     _fsync_dir(path.parent)
 
 
+def remove_stale_temporaries(path: str | Path) -> int:
+    """Delete temporaries a killed writer of ``path`` left behind; returns how many."""
+    path = Path(path)
+    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.exists() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
+
+
 def _fsync_dir(directory: Path) -> None:
     """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
     try:

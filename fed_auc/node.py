@@ -29,7 +29,7 @@ import torch
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.io import load_state, save_state
+from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
@@ -79,6 +79,8 @@ class Node:
         self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
         self.pending_path = Path(state_dir) / PENDING_STATE_FILE
+        for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
+            remove_stale_temporaries(path)
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)

@@ -67,6 +67,9 @@ def test_a_node_killed_while_writing_keeps_a_whole_state(tmp_path: Path) -> None
     state = load_state(path)  # never a torn file: checksum holds
     assert state["version"] >= written[-1]
     assert torch.equal(state["c"], torch.full((400_000,), float(state["version"])))
+    (tmp_path / f".{LOCAL_STATE_FILE}.x1.tmp").write_bytes(b"half")  # as a kill mid-write leaves
+    make_node(tmp_path)  # a node starting there clears the leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCAL_STATE_FILE]
 
 
 def make_node(state_dir: Path) -> tuple[Node, dict]:
