@@ -23,6 +23,7 @@ from fed_auc.io import load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
+from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
 
 LOCAL_STATE_FILE = "local_state.pt"
@@ -38,6 +39,7 @@ class SplitEvaluation:
     aucs: list[AUCResult]
     scores: np.ndarray | None = None  # (N, L), only when pooled scoring is on
     labels: np.ndarray | None = None
+    roc: list[dict[str, Any]] | None = None  # per label, ≤ 101 points; test split only
 
 
 @dataclass
@@ -117,6 +119,7 @@ class Node:
                 aucs=per_label_auc(labels, scores),
                 scores=scores if pooled else None,
                 labels=labels if pooled else None,
+                roc=per_label_roc(labels, scores) if name == "test" else None,
             )
         result.duration_s = time.perf_counter() - start
         return result
