@@ -87,6 +87,7 @@ def status_banner(data: RunData) -> None:
     done = data.rounds["round"].max() if not data.rounds.empty else None
     planned = data.planned_rounds
     progress = f"round {done if done is not None else '–'} of {planned or '?'}"
+    st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
     if run["status"] == "failed":
         error = (run.get("summary") or {}).get("error", "no error message recorded")
         st.error(f"Run {run['id']} failed at {progress}: {error}")

@@ -196,7 +196,7 @@ def dashboard(runs_dir: str, port: int, host: str) -> int:
     command = [
         sys.executable, "-m", "streamlit", "run", str(script),
         "--server.headless", "true", "--server.port", str(port), "--server.address", host,
-        "--browser.gatherUsageStats", "false",
+        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
     ]  # fmt: skip
     print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}", file=sys.stderr)
     try:
