@@ -7,6 +7,7 @@ size), so pages are fast and a live run still shows its newest round.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from app.queries import RunData
 RUNS_DIR_ENV = "FED_AUC_RUNS_DIR"
 RUN_KEY = "run_id"
 LIVE_REFRESH_S = 5.0
+STALE_S = 600.0  # a "running" run silent for this long has probably lost its coordinator
 
 
 def runs_dir() -> Path:
@@ -92,7 +94,15 @@ def status_banner(data: RunData) -> None:
         error = (run.get("summary") or {}).get("error", "no error message recorded")
         st.error(f"Run {run['id']} failed at {progress}: {error}")
     elif run["status"] == "running":
-        st.info(f"Run {run['id']} is live: {progress}.")
+        last_write = data.rounds["finished_at"].max() if done is not None else run["started_at"]
+        silent = time.time() - last_write
+        if silent > STALE_S:
+            st.warning(
+                f"Run {run['id']} is marked running but has recorded nothing for "
+                f"{silent / 60:.0f} min ({progress}): its coordinator may have stopped."
+            )
+        else:
+            st.info(f"Run {run['id']} is live: {progress}.")
 
 
 def page(body: Callable[[RunData], None]) -> None:

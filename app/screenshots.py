@@ -74,7 +74,7 @@ def capture(
     texts = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(TIMEOUT_MS)
         page.goto(url)
         page.get_by_role("heading", name="Overview").wait_for()
@@ -102,9 +102,10 @@ def capture(
 
 
 def wait_until_idle(page) -> None:
-    """Until Streamlit's "running" indicator is gone and the charts have drawn."""
+    """Until Streamlit's "running" indicator and every loading skeleton are gone."""
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        """() => !document.querySelector('[data-testid="stStatusWidget"]')
+              && !document.querySelector('[data-testid="stSkeleton"]')"""
     )
     page.wait_for_timeout(500)  # vega-lite draws its canvas after the DOM settles
 

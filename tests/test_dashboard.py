@@ -205,6 +205,12 @@ def test_every_page_shows_failed_and_live_runs(monkeypatch, store_dir, run_id, m
         assert message in texts(at), page
 
 
+def test_a_running_run_that_went_silent_is_flagged(monkeypatch, store_dir):
+    monkeypatch.setattr("app.common.STALE_S", 0.0)
+    at = open_page(monkeypatch, store_dir, "overview", "run-live")
+    assert "nothing for 0 min (round 0 of 9): its coordinator may have stopped" in texts(at)
+
+
 @pytest.mark.parametrize("state", ["missing", "empty"])
 def test_every_page_explains_an_empty_or_missing_store(monkeypatch, tmp_path, state):
     if state == "empty":

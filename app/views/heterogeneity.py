@@ -53,6 +53,7 @@ def body(data: RunData) -> None:
                 color=alt.Color("similarity:Q", scale=alt.Scale(domain=[0, 1])),
                 tooltip=["site", "other", alt.Tooltip("similarity:Q", format=".2f")],
             )
+            .properties(height=40 * len(matrix))
         )
         st.altair_chart(heat, width="stretch")
 
