@@ -1,4 +1,4 @@
-"""The ``fed-auc`` command: simulate, demo, runs."""
+"""The ``fed-auc`` command: simulate, demo, runs, dashboard."""
 
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
+    dashboard = sub.add_parser("dashboard", help="open the Streamlit dashboard over a run store")
+    dashboard.add_argument("--runs-dir", default="runs")
+    dashboard.add_argument("--port", type=int, default=8501)
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
     return parser
 
 
@@ -238,6 +242,28 @@ def _resume_runs_dir(args: argparse.Namespace) -> str:
     return args.runs_dir or "runs"
 
 
+def dashboard(runs_dir: str, port: int, host: str) -> int:
+    """``streamlit run app/streamlit_app.py``, headless, no usage statistics; the runs
+    directory travels in FED_AUC_RUNS_DIR. The app ships with the source tree, not the wheel."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    if not script.exists():
+        raise SystemExit(f"fed-auc dashboard: no app at {script} (needs a source checkout)")
+    env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
+    command = [
+        sys.executable, "-m", "streamlit", "run", str(script),
+        "--server.headless", "true", "--server.port", str(port), "--server.address", host,
+        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
+    ]  # fmt: skip
+    print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}", file=sys.stderr)
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -263,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)
+    elif args.command == "dashboard":
+        return dashboard(args.runs_dir, args.port, args.host)
     return 0
 
 

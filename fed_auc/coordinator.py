@@ -266,6 +266,7 @@ class Coordinator:
             row.n_test, row.test_positives = test.n, test.positives
             row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
             row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
+            row.metrics["roc"] = test.roc
         site_aucs = {s: rows[s].auc for s in evaluations}
         defined = [a for a in site_aucs.values() if a is not None]
         record.worst_site_auc = min(defined) if defined else None

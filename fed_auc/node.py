@@ -34,6 +34,7 @@ from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
 from fed_auc.privacy import Privacy
+from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
 
 LOCAL_STATE_FILE = "local_state.pt"
@@ -50,6 +51,7 @@ class SplitEvaluation:
     aucs: list[AUCResult]
     scores: np.ndarray | None = None  # (N, L), only when pooled scoring is on
     labels: np.ndarray | None = None
+    roc: list[dict[str, Any]] | None = None  # per label, ≤ 101 points; test split only
 
 
 @dataclass
@@ -170,6 +172,7 @@ class Node:
                 aucs=per_label_auc(labels, scores),
                 scores=scores if pooled else None,
                 labels=labels if pooled else None,
+                roc=per_label_roc(labels, scores) if name == "test" else None,
             )
         result.duration_s = time.perf_counter() - start
         return result
