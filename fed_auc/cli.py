@@ -1,4 +1,4 @@
-"""The ``fed-auc`` command: simulate, demo, runs."""
+"""The ``fed-auc`` command: simulate, demo, runs; coordinator, node, certs (over Flower)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.simulation import SimulationConfig
+from fed_auc.transport import flower_cli
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
+    flower_cli.add_parsers(sub)
     return parser
 
 
@@ -202,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)
+    elif args.command == "coordinator":
+        flower_cli.coordinator(args)
+    elif args.command == "node":
+        return flower_cli.node(args)
+    elif args.command == "certs":
+        flower_cli.certs(args)
     return 0
 
 
