@@ -1,4 +1,4 @@
-"""The ``fed-auc`` command: simulate, demo, runs, dashboard."""
+"""The ``fed-auc`` command: simulate, demo, runs, dashboard; coordinator, node, certs (Flower)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.simulation import SimulationConfig
+from fed_auc.transport import flower_cli
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--runs-dir", default="runs")
     dashboard.add_argument("--port", type=int, default=8501)
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    flower_cli.add_parsers(sub)
     return parser
 
 
@@ -291,6 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         list_runs(args.runs_dir, args.json)
     elif args.command == "dashboard":
         return dashboard(args.runs_dir, args.port, args.host)
+    elif args.command == "coordinator":
+        flower_cli.coordinator(args)
+    elif args.command == "node":
+        return flower_cli.node(args)
+    elif args.command == "certs":
+        flower_cli.certs(args)
     return 0
 
 
