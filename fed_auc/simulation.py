@@ -14,20 +14,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData
-from fed_auc.data.synthetic import DEFAULT_PROFILES, make_synthetic_federation
+from fed_auc.data.cards import data_card
+from fed_auc.data.csv_images import UNCERTAIN_POLICIES
+from fed_auc.data.partition import parse_partition
+from fed_auc.data.spec import load_sites, parse_data_spec
+from fed_auc.data.synthetic import DEFAULT_PROFILES
+from fed_auc.evaluate import youden_threshold
 from fed_auc.export import export_model
+from fed_auc.io import save_json
 from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
-from fed_auc.models import ARCHITECTURES, build_model
+from fed_auc.models import ARCHITECTURES, DenseNetClassifier, build_model, model_from_config
 from fed_auc.node import Node
 from fed_auc.store import RoundRecord, RunStore
-from fed_auc.trainable import Trainable
+from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
+
+PARTITION_FILE = "partition.json"
 
 
 @dataclass
@@ -63,6 +72,20 @@ class SimulationConfig:
     # CLI --backend-option NAME=VALUE); the backend validates them.
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_scale: float = 1.0
+    # Data source and partition (fed_auc.data.spec / partition): `synthetic` is the demo
+    # federation; file sources are split into `sites` by `partition` (default: natural for
+    # CSV with a site column, else iid); the manifest is saved as <run>/partition.json.
+    data: str = "synthetic"
+    partition: str | None = None
+    feature_shift: float = 0.0
+    uncertain: str = "zeros"  # CheXpert -1 labels: zeros / ones / ignore
+    frontal_only: bool = False
+    skip_bad_images: bool = False
+    # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
+    # min-max backend starts from that model), and export the round with the best pooled
+    # validation AUC ("best_val") rather than the last one ("last").
+    warmup_rounds: int = 0
+    select: str = "best_val"
     runs_dir: str = "runs"
 
     def __post_init__(self) -> None:
@@ -80,7 +103,15 @@ class SimulationConfig:
                 f"algorithm {self.algorithm!r} is a min-max AUC method: use --loss auc_margin "
                 "or auc_square (cross-entropy works with fedavg only)"
             )
-        _at_least("sites", self.sites, 1, len(DEFAULT_PROFILES))
+        synthetic = parse_data_spec(self.data).kind == "synthetic"
+        _at_least("sites", self.sites, 1, len(DEFAULT_PROFILES) if synthetic else None)
+        if self.partition is not None:
+            parse_partition(self.partition)
+        _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
+        _choice("select", self.select, ["best_val", "last"])
+        _at_least("warmup_rounds", self.warmup_rounds, 0)
+        if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
+            raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
         _at_least("rounds", self.rounds, 1)
         _at_least("local_steps", self.local_steps, 1)
         _at_least("batch_size", self.batch_size, 2)
@@ -171,36 +202,34 @@ class Federation:
 def build_federation(config: SimulationConfig) -> Federation:
     """Synthetic sites, one in-process node each, a coordinator, and a new run in the store."""
     torch.manual_seed(config.seed)
-    sites = make_synthetic_federation(
-        num_sites=config.sites,
-        image_size=config.image_size,
+    sites, manifest = load_sites(
+        config.data,
+        config.partition,
+        config.sites,
+        config.seed,
+        config.image_size,
         num_labels=config.num_labels,
-        seed=config.seed,
-        scale=config.data_scale,
+        data_scale=config.data_scale,
+        feature_shift=config.feature_shift,
+        uncertain=config.uncertain,
+        frontal_only=config.frontal_only,
+        skip_bad_images=config.skip_bad_images,
     )
+    num_labels = sites[0].num_labels
     backend = build_backend(config.algorithm, **config.backend_hyperparameters())
-    model = build_model(config.model, num_labels=config.num_labels)
-    server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
+    model = build_model(config.model, num_labels=num_labels)
+    server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
     store = RunStore(config.runs_dir)
     run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
-    nodes = [
-        Node(
-            site,
-            backend,
-            model.config(),
-            config.loss,
-            state_dir=run_dir / "nodes" / site.name,
-            batch_size=config.batch_size,
-            min_pos_fraction=config.min_pos_fraction,
-            seed=config.seed * 1000 + i,
-        )
-        for i, site in enumerate(sites)
-    ]
+    if manifest is not None:
+        save_json(manifest, run_dir / PARTITION_FILE)
     try:
+        if config.warmup_rounds:
+            server.load(warm_start(config, sites, model, store, run_id, run_dir))
         coordinator = Coordinator(
             backend,
-            LocalTransport(nodes),
+            LocalTransport(_nodes(config, sites, backend, model.config(), config.loss, run_dir)),
             store,
             run_id,
             run_dir,
@@ -217,37 +246,129 @@ def build_federation(config: SimulationConfig) -> Federation:
     return Federation(config, sites, coordinator, store, run_id, run_dir, model.config())
 
 
+def _nodes(config, sites, backend, model_config, loss, run_dir: Path) -> list[Node]:
+    return [
+        Node(
+            site,
+            backend,
+            model_config,
+            loss,
+            state_dir=run_dir / "nodes" / site.name,
+            batch_size=config.batch_size,
+            min_pos_fraction=config.min_pos_fraction,
+            seed=config.seed * 1000 + i,
+        )
+        for i, site in enumerate(sites)
+    ]
+
+
+def warm_start(
+    config: SimulationConfig,
+    sites: list[SiteData],
+    model: DenseNetClassifier,
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+) -> dict[str, torch.Tensor]:
+    """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
+    run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
+    Recorded in the store as its own fedavg run, named in the main run's events."""
+    options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
+    backend = build_backend("fedavg", **SimulationConfig(**options).backend_hyperparameters())
+    warm_model = model_from_config(model.config())
+    warm_model.load_state_dict(model.state_dict())
+    num_labels = model.num_labels
+    server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
+    warm_id = store.create_run("fedavg", {**options, "warmup_for": run_id}, git_revision())
+    nodes = _nodes(config, sites, backend, model.config(), "ce", run_dir / "warmup")
+    coordinator = Coordinator(
+        backend,
+        LocalTransport(nodes),
+        store,
+        warm_id,
+        run_dir / "warmup",
+        server,
+        participation=config.participation,
+        seed=config.seed,
+    )
+    try:
+        coordinator.run(config.warmup_rounds)
+    finally:
+        coordinator.close()
+    store.finish_run(warm_id, "completed", {"warmup_for": run_id})
+    store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
+    tensors = backend.global_tensors(coordinator.state)
+    return {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
+
+
 def run_simulation(
     config: SimulationConfig, on_round: Callable[[RoundRecord], None] | None = None
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
     fed = build_federation(config)
     coordinator, store = fed.coordinator, fed.store
+    backend = coordinator.backend
+    best: dict[str, Any] = {}
+
+    def track(record: RoundRecord) -> None:
+        """Keep the global model of the round with the best validation AUC (or the last)."""
+        score = _val_score(record)
+        if config.select == "last" or not best or (
+            score is not None and (best["score"] is None or score > best["score"])
+        ):
+            tensors = backend.global_tensors(coordinator.state)
+            snapshot = {k: v.clone() for k, v in tensors.items()}
+            best.update(score=score, record=record, tensors=snapshot)
+        if on_round is not None:
+            on_round(record)
+
     try:
-        results = coordinator.run(config.rounds, on_round)
+        results = coordinator.run(config.rounds, track)
+        thresholds = operating_thresholds(coordinator.transport, coordinator.sites, best["tensors"])
     except BaseException as exc:
         _fail(store, fed.run_id, exc)
         raise
     finally:
         coordinator.close()
     summary = summarize(fed.run_id, fed.run_dir, config, results)
-    backend = coordinator.backend
+    summary["selected_round"] = best["record"].round
     card = model_card(
         summary,
-        results[-1],
+        best["record"],
         config,
         backend.hyperparameters(),
         fed.model_config,
-        fed.sites[0].label_names,
+        fed.sites,
     )
-    model_path = export_model(
-        fed.run_dir / "model", backend.global_tensors(coordinator.state), fed.model_config, card
-    )
+    card["threshold"] = thresholds
+    model_path = export_model(fed.run_dir / "model", best["tensors"], fed.model_config, card)
     summary["model_path"] = str(model_path)
+    store.add_event(fed.run_id, f"exported the model of round {best['record'].round}")
     store.add_event(fed.run_id, "run completed")
     store.finish_run(fed.run_id, "completed", summary)
     store.close()
     return summary
+
+
+def _val_score(record: RoundRecord) -> float | None:
+    """Pooled validation AUC, else the mean over sites of their validation AUC."""
+    if record.global_val_auc is not None:
+        return record.global_val_auc
+    values = [s.val_auc for s in record.sites if s.val_auc is not None]
+    return sum(values) / len(values) if values else None
+
+
+def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
+    """Per label, the score threshold maximising Youden's J on the pooled validation scores
+    (0.5 where validation has one class): the model card's operating point."""
+    answers = transport.evaluate(sites, tensors, pooled=True)
+    parts = [a.splits["val"] for a in answers.values() if hasattr(a, "splits")]
+    parts = [p for p in parts if p.scores is not None and p.n > 0]
+    if not parts:
+        return []
+    labels = np.concatenate([p.labels for p in parts])
+    scores = np.concatenate([p.scores for p in parts])
+    return [youden_threshold(labels[:, j], scores[:, j]) for j in range(labels.shape[1])]
 
 
 def _fail(store: RunStore, run_id: str, exc: BaseException) -> None:
@@ -258,17 +379,17 @@ def _fail(store: RunStore, run_id: str, exc: BaseException) -> None:
 
 
 def site_summary(site: SiteData) -> dict[str, Any]:
-    """The data-card summary of a site kept in the store."""
-    summary: dict[str, Any] = {"label_names": site.label_names, **site.meta}
-    for name in ("train", "val", "test"):
-        split = getattr(site, name)
+    """The data-card summary of a site kept in the store: the card, with each split's
+    counts and intensity also at the top level (``train``, ``val``, ``test``)."""
+    card = data_card(site)
+    summary: dict[str, Any] = {**site.meta, **card}
+    for name, stats in card["splits"].items():
+        intensity = stats["intensity"] or {}
         summary[name] = {
-            "n": len(split),
-            "positives": split.positives(),
-            "intensity_mean": float(split.images.mean()) if len(split) else None,
-            "intensity_std": float(split.images.std()) if len(split) > 1 else None,
+            **stats,
+            "intensity_mean": intensity.get("mean"),
+            "intensity_std": intensity.get("std"),
         }
-    summary["image_size"] = list(site.train.images.shape[-2:])
     return summary
 
 
@@ -289,13 +410,15 @@ def summarize(
 
 def model_card(
     summary: dict[str, Any],
-    final: RoundRecord,
+    selected: RoundRecord,
     config: SimulationConfig,
     hyperparameters: dict[str, Any],
     model_config: dict[str, Any],
-    label_names: list[str],
+    sites: list[SiteData],
 ) -> dict[str, Any]:
-    sites = [
+    """The card of the exported model: the selected round's per-site metrics and the data
+    cards of the sites it was trained on."""
+    site_rows = [
         {
             "site": r.site,
             "n": r.n,
@@ -305,31 +428,49 @@ def model_card(
             "auc_lo": r.auc_lo,
             "auc_hi": r.auc_hi,
         }
-        for r in final.sites
+        for r in selected.sites
     ]
+    synthetic = config.data == "synthetic"
+    if synthetic:
+        description = (
+            f"Synthetic chest-X-ray-like federation of {config.sites} sites "
+            f"({config.image_size} px, seed {config.seed}), generated by "
+            "fed_auc.data.synthetic; no patient data."
+        )
+    else:
+        description = (
+            f"{config.data}, partition {sites[0].meta.get('partition')} into {len(sites)} "
+            f"sites (seed {config.seed}; manifest {PARTITION_FILE} in the run folder), "
+            f"images resized to {config.image_size} px."
+        )
     return {
         "run_id": summary["run_id"],
         "algorithm": config.algorithm,
         "loss": config.loss,
         "seed": config.seed,
         "rounds": config.rounds,
+        "warmup_rounds": config.warmup_rounds,
+        "selection": config.select,
+        "selected_round": selected.round,
         "model_config": model_config,
-        "label_names": label_names,
+        "label_names": sites[0].label_names,
         "hyperparameters": hyperparameters,
-        "global_auc": summary["global_auc"][-1],
+        "global_auc": selected.global_auc,
+        "global_val_auc": selected.global_val_auc,
         "initial_auc": summary["global_auc"][0],
-        "worst_site_auc": summary["worst_site_auc"][-1],
-        "sites": sites,
-        "data_description": (
-            f"Synthetic chest-X-ray-like federation of {config.sites} sites "
-            f"({config.image_size} px, seed {config.seed}), generated by "
-            "fed_auc.data.synthetic; no patient data."
-        ),
+        "worst_site_auc": selected.worst_site_auc,
+        "sites": site_rows,
+        "data_description": description,
+        "data_cards": [data_card(site) for site in sites],
         "intended_use": (
             "Demonstration and testing of federated AUC maximization. Not for clinical use."
         ),
         "limitations": [
-            "Trained on synthetic images: says nothing about performance on real X-rays.",
+            "Trained on synthetic images: says nothing about performance on real X-rays."
+            if synthetic
+            else "Sites are simulated by a partitioner; real hospitals differ in more ways.",
             "AUC confidence intervals are Hanley–McNeil approximations on small test splits.",
+            "The exported round was chosen by validation AUC; its test AUC is still unbiased "
+            "only if the test split played no part in any choice.",
         ],
     }
