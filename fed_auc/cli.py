@@ -57,8 +57,38 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a further hyperparameter of the backend (repeatable), e.g. server_lr=0.5",
     )
+    _data_arguments(p)
+    p.add_argument(
+        "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
+    )
+    p.add_argument(
+        "--select", help="exported model: best_val (round with best validation AUC) or last"
+    )
+    p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
+    p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    """--data and the options that say how to read and split it (simulate, data-card, evaluate)."""
+    p.add_argument(
+        "--data", help="synthetic (default), medmnist:PATH.npz or csv:PATH.csv[:IMAGE_ROOT]"
+    )
+    p.add_argument(
+        "--partition",
+        help="natural (CSV site column; CSV default), iid (default), dirichlet:ALPHA, "
+        "quantity:ALPHA, imratio:R1,R2,...",
+    )
+    p.add_argument("--feature-shift", type=float, help="per-site contrast/brightness shift (0)")
+    p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
+    p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
+    p.add_argument(
+        "--skip-bad-images",
+        action="store_true",
+        default=None,
+        help="skip unreadable images with a warning (count in the data card) instead of failing",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the demo federation with the embedded defaults")
     demo.add_argument("--runs-dir", default="runs")
     demo.add_argument("--json", action="store_true")
+    card = sub.add_parser("data-card", help="write a data card (Markdown + JSON) per site")
+    _data_arguments(card)
+    card.add_argument("--sites", type=int, help="number of sites (default 4; natural: the data's)")
+    card.add_argument("--image-size", type=int, default=28)
+    card.add_argument("--seed", type=int, default=0)
+    card.add_argument("--out", default="data_cards", help="output folder (data_cards)")
+    ev = sub.add_parser("evaluate", help="score a registered model per site, with bootstrap CIs")
+    ev.add_argument("--model", required=True, help="model.pt or its folder (fed-auc-model/1)")
+    _data_arguments(ev)
+    ev.add_argument("--sites", type=int, help="number of sites to partition into")
+    ev.add_argument("--seed", type=int, default=0, help="partition and bootstrap seed")
+    ev.add_argument("--manifest", type=Path, help="a run's partition.json: exactly its sites")
+    ev.add_argument("--split", default="test", choices=["train", "val", "test"])
+    ev.add_argument("--image-size", type=int, help="default: the model card's")
+    ev.add_argument("--by-site", action="store_true", help="per site as well as pooled")
+    ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
+    ev.add_argument("--out", required=True, type=Path, help="folder for JSON, CSV, ROC PNG")
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
@@ -119,7 +166,12 @@ def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
     return data
 
 
-def simulate(config: SimulationConfig, as_json: bool) -> dict[str, Any]:
+def simulate(
+    config: SimulationConfig,
+    as_json: bool,
+    register: str | None = None,
+    models_dir: str = "models",
+) -> dict[str, Any]:
     from tqdm import tqdm
 
     from fed_auc.simulation import run_simulation
@@ -134,6 +186,11 @@ def simulate(config: SimulationConfig, as_json: bool) -> dict[str, Any]:
         summary = run_simulation(config, on_round)
     finally:
         bar.close()
+    if register:
+        from fed_auc.registry import register_model
+
+        target = register_model(Path(summary["model_path"]).parent, register, models_dir)
+        summary["registered"] = str(target)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -179,6 +236,83 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         )
 
 
+def _data_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "feature_shift": args.feature_shift or 0.0,
+        "uncertain": args.uncertain or "zeros",
+        "frontal_only": bool(args.frontal_only),
+        "skip_bad_images": bool(args.skip_bad_images),
+    }
+
+
+def _num_sites(args: argparse.Namespace, default: int) -> int | None:
+    """--sites, else `default`; None for the natural partition (the data's own sites)."""
+    if args.sites is not None:
+        return args.sites
+    natural = args.partition == "natural" or (
+        args.partition is None and (args.data or "").startswith("csv:")
+    )
+    return None if natural else default
+
+
+def write_data_cards(args: argparse.Namespace) -> None:
+    from fed_auc.data.cards import write_cards
+    from fed_auc.data.spec import load_sites
+
+    try:
+        sites, _ = load_sites(
+            args.data or "synthetic",
+            args.partition,
+            _num_sites(args, 4),
+            args.seed,
+            args.image_size,
+            **_data_options(args),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc data-card: {exc}") from None
+    for path in write_cards(sites, args.out):
+        print(path)
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    from fed_auc.data.spec import load_pool, load_sites, parse_data_spec
+    from fed_auc.evaluate import evaluate_model, load_registered_model, site_splits, write_results
+
+    try:
+        model, card = load_registered_model(args.model)
+        size = args.image_size or card.get("image_size") or 28
+        data = args.data or "synthetic"
+        if args.manifest is not None:
+            from fed_auc.data.partition import sites_from_manifest
+
+            options = _data_options(args)
+            options.pop("feature_shift")
+            pool = load_pool(parse_data_spec(data), size, **options)
+            sites = sites_from_manifest(pool, json.loads(args.manifest.read_text()))
+        else:
+            sites, _ = load_sites(
+                data,
+                args.partition,
+                _num_sites(args, 1),
+                args.seed,
+                size,
+                num_labels=len(card["label_names"]),
+                **_data_options(args),
+            )
+        splits = site_splits(sites, args.split, args.by_site)
+        results = evaluate_model(model, card, splits, n_boot=args.bootstrap, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc evaluate: {exc}") from None
+    results.update(model=str(args.model), data=data, split=args.split)
+    paths = write_results(results, args.out)
+    for site, labels in results["sites"].items():
+        for label, r in labels.items():
+            ci = f" [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]" if r["ci_lo"] is not None else ""
+            text = r["note"] or f"AUC {_fmt(r['auc'])}{ci}"
+            print(f"{site:<12} {label:<18} n {r['n']:<5} {text}")
+    print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -190,7 +324,7 @@ def _num(value: Any) -> float | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "simulate":
-        simulate(config_from_args(args), args.json)
+        simulate(config_from_args(args), args.json, args.register, args.models_dir)
     elif args.command == "demo":
         config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)
         simulate(config, args.json)
@@ -202,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)
+    elif args.command == "data-card":
+        write_data_cards(args)
+    elif args.command == "evaluate":
+        run_evaluate(args)
     return 0
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from fed_auc.data.base import Split
+from fed_auc.data.base import SiteData, Split
 from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
@@ -163,6 +163,16 @@ def evaluate_model(
             {"site": worst, "auc": defined[worst]} if worst else {"site": None, "auc": None}
         )
     return results
+
+
+def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, Split]:
+    """The split to score per site, or all sites' rows as one ``all`` site."""
+    splits = {s.name: getattr(s, split) for s in sites}
+    if by_site:
+        return splits
+    parts = list(splits.values())
+    images = torch.cat([p.images for p in parts])
+    return {"all": Split(images, torch.cat([p.labels for p in parts]))}
 
 
 def results_table(results: dict[str, Any]) -> pd.DataFrame:

@@ -453,6 +453,7 @@ def model_card(
         "selection": config.select,
         "selected_round": selected.round,
         "model_config": model_config,
+        "image_size": config.image_size,
         "label_names": sites[0].label_names,
         "hyperparameters": hyperparameters,
         "global_auc": selected.global_auc,
