@@ -11,15 +11,17 @@ from PIL import Image
 FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
 
 
-def write_npz(path: Path, n: tuple[int, int, int] = (60, 20, 30), labels: int = 1, seed=0) -> Path:
-    """A MedMNIST-layout npz whose positives have a brighter centre (learnable)."""
+def write_npz(
+    path: Path, n: tuple[int, int, int] = (60, 20, 30), labels: int = 1, seed=0, signal=120
+) -> Path:
+    """A MedMNIST-layout npz whose positives have a brighter centre (by `signal` of 255)."""
     rng = np.random.default_rng(seed)
     arrays = {}
     for split, size in zip(("train", "val", "test"), n, strict=True):
         y = (rng.random((size, labels)) < 0.35).astype(np.uint8)
         y[0], y[1] = 1, 0  # both classes in every split
         x = rng.integers(0, 120, (size, 16, 16)).astype(np.float32)
-        x[:, 5:11, 5:11] += 120 * y[:, :1, None]
+        x[:, 5:11, 5:11] += signal * y[:, :1, None]
         arrays[f"{split}_images"] = x.astype(np.uint8)
         arrays[f"{split}_labels"] = y
     np.savez(path, **arrays)
