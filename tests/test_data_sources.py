@@ -141,3 +141,17 @@ def test_data_spec_forms_and_errors():
         parse_data_spec("nifti:x")
     with pytest.raises(ValueError, match="needs a path"):
         parse_data_spec("csv")
+
+
+def test_a_site_toml_data_table_loads_that_sites_rows(tmp_path):
+    from fed_auc.data.spec import site_from_config
+
+    csv = write_chexpert(tmp_path)
+    site = site_from_config("north", {"spec": f"csv:{csv}", "site": "b"}, image_size=16)
+    assert site.name == "north" and site.label_names == FINDINGS
+    assert len(site.train) + len(site.val) + len(site.test) == 24
+    assert site.meta["patients"] == 12
+    with pytest.raises(ValueError, match="no rows with site 'z'"):
+        site_from_config("x", {"spec": f"csv:{csv}", "site": "z"}, image_size=16)
+    with pytest.raises(ValueError, match=r"unknown \['path'\]"):
+        site_from_config("x", {"spec": f"csv:{csv}", "path": "y"}, image_size=16)

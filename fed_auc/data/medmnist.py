@@ -74,7 +74,7 @@ def _labels(path: Path, split: str, y: np.ndarray, n: int) -> np.ndarray:
     if len(bad):
         row, col = bad[0]
         raise ValueError(
-            f"{path}: {split}_labels row {row} column {col} has value {y[row, col].item()!r}; labels "
-            "must be 0 or 1 (multi-class MedMNIST tasks are not supported)"
+            f"{path}: {split}_labels row {row} column {col} has value {y[row, col].item()!r}; "
+            "labels must be 0 or 1 (multi-class MedMNIST tasks are not supported)"
         )
     return y.astype(np.float32)

@@ -50,6 +50,22 @@ class ImagePool:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def subset(self, rows: np.ndarray) -> ImagePool:
+        """The pool restricted to `rows` (same source and metadata)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        pick = {
+            k: None if v is None else v[rows]
+            for k, v in (("split", self.split), ("site", self.site), ("patient", self.patient))
+        }
+        return ImagePool(
+            self.images[index],
+            self.labels[index],
+            list(self.label_names),
+            self.source,
+            meta=dict(self.meta),
+            **pick,
+        )
+
 
 def resize(images: torch.Tensor, size: int | None) -> torch.Tensor:
     """Square-resize (N, 1, H, W) images to `size` (antialiased bilinear); None keeps them."""

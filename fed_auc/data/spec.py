@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from fed_auc.data.base import SiteData
 from fed_auc.data.pool import ImagePool
 
 KINDS = ("synthetic", "medmnist", "csv")
@@ -102,3 +107,46 @@ def load_sites(
     return partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
     )
+
+
+SITE_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images")
+
+
+def site_from_config(
+    name: str, table: Mapping[str, Any], image_size: int, seed: int = 0
+) -> SiteData:
+    """A node's own data from the ``[data]`` table of its site TOML.
+
+    ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
+    has that value; ``uncertain``, ``frontal_only`` and ``skip_bad_images`` as for
+    ``--data``. Without a split column the rows are split 70/10/20 by patient (seeded).
+    """
+    unknown = sorted(set(table) - set(SITE_KEYS))
+    if unknown or "spec" not in table:
+        raise ValueError(
+            f"site {name!r}: [data] needs 'spec' and takes only {list(SITE_KEYS)}; "
+            f"unknown {unknown}"
+        )
+    spec = parse_data_spec(str(table["spec"]))
+    if spec.kind == "synthetic":
+        raise ValueError(f"site {name!r}: [data] spec must be a file source, got 'synthetic'")
+    pool = load_pool(
+        spec,
+        image_size,
+        uncertain=table.get("uncertain", "zeros"),
+        frontal_only=bool(table.get("frontal_only", False)),
+        skip_bad_images=bool(table.get("skip_bad_images", False)),
+    )
+    if "site" in table:
+        if pool.site is None:
+            raise ValueError(f"site {name!r}: {spec.path} has no site column to select from")
+        rows = np.flatnonzero(pool.site == str(table["site"]))
+        if len(rows) == 0:
+            raise ValueError(f"site {name!r}: no rows with site {table['site']!r} in {spec.path}")
+        pool = pool.subset(rows)
+
+    from fed_auc.data.partition import partition_pool
+
+    (site,), _ = partition_pool(pool, "iid", 1, seed)
+    site.name = name
+    return site
