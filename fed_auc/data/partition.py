@@ -184,7 +184,8 @@ def _natural(
         raise ValueError(f"{pool.source}: row {row} has a blank site")
     if num_sites is not None and num_sites != len(names):
         raise ValueError(
-            f"{pool.source} has {len(names)} sites {names}, but {num_sites} were asked for"
+            f"{pool.source} has {len(names)} sites {names}, but {num_sites} were asked for "
+            f"(use --sites {len(names)} with the natural partition)"
         )
     return names, np.array([names.index(s) for s in group_site])
 
