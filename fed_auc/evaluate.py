@@ -25,7 +25,6 @@ from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
 
 POOLED = "pooled"
-ROC_POINTS = 101  # ROC curves are resampled to this many FPR points for the JSON
 
 
 def youden_threshold(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -114,9 +113,9 @@ def label_result(
     }
     if result.auc is not None:
         out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)
-        fpr, tpr, _ = roc_curve(y, s)
-        grid = np.linspace(0, 1, ROC_POINTS)
-        out["roc"] = {"fpr": grid.tolist(), "tpr": np.interp(grid, fpr, tpr).tolist()}
+        fpr, tpr, cut = roc_curve(y, s)
+        cut[0] = min(cut[0], 1.0)  # sklearn's first threshold is +inf: no JSON for that
+        out["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "threshold": cut.tolist()}
     return out
 
 

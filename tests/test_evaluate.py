@@ -130,3 +130,18 @@ def test_bootstrap_ci_narrows_with_more_data_and_youden_separates():
     scores = np.array([0.1, 0.2, 0.3, 0.6, 0.7, 0.9])
     assert 0.3 < youden_threshold(labels, scores) <= 0.6
     assert youden_threshold(np.zeros(4), scores[:4]) == 0.5
+
+
+def test_roc_points_and_operating_point_match_the_scores():
+    model = build_model("tiny", num_labels=1).eval()
+    images = torch.rand(40, 1, 16, 16)
+    labels = torch.tensor([[1.0], [0.0], [0.0], [0.0]] * 10)
+    scores = score(model, images)[:, 0]
+    card = {"label_names": ["x"], "threshold": [float(np.median(scores))]}
+    r = evaluate_model(model, card, {"s": Split(images, labels)}, n_boot=0)["sites"]["s"]["x"]
+    y = labels[:, 0].numpy() == 1
+    assert r["sensitivity"] == pytest.approx((scores[y] >= card["threshold"][0]).mean())
+    assert r["specificity"] == pytest.approx((scores[~y] < card["threshold"][0]).mean())
+    assert r["roc"]["fpr"][0] == 0 and r["roc"]["tpr"][-1] == 1
+    assert np.trapezoid(r["roc"]["tpr"], r["roc"]["fpr"]) == pytest.approx(r["auc"])
+    assert r["ci_lo"] is None  # no bootstrap asked for
