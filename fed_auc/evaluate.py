@@ -202,7 +202,10 @@ def plot_roc(results: dict[str, Any], path: Path) -> None:
             ax.plot(r["roc"]["fpr"], r["roc"]["tpr"], style, label=f"{site} {r['auc']:.3f}")
         ax.plot([0, 1], [0, 1], ":", color="grey")
         ax.set(title=label, xlabel="1 − specificity", ylabel="sensitivity")
-        ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "AUC undefined at every site", ha="center")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

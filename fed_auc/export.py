@@ -60,8 +60,9 @@ def render_card(card: dict[str, Any]) -> str:
         f"- Exported model: round {card.get('selected_round', card['rounds'])} "
         f"(selection: {card.get('selection', 'last')}; validation AUC "
         f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
-        f"{card.get('threshold') or 0.5}",
-        f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0: {_fmt(card['initial_auc'])}); "
+        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}",
+        f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
+        f"{_fmt(card['initial_auc'])}); "
         f"worst site: {_fmt(card['worst_site_auc'])}",
         "",
         "## Hyperparameters",
@@ -96,6 +97,10 @@ def render_card(card: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _after_warmup(card: dict[str, Any]) -> str:
+    return ", after warm-up" if card.get("warmup_rounds") else ""
 
 
 def _data_lines(cards: list[dict[str, Any]]) -> list[str]:

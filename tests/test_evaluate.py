@@ -22,7 +22,7 @@ from fed_auc.evaluate import (
 )
 from fed_auc.models import build_model
 from fed_auc.registry import register_model
-from tests.data_files import FINDINGS, write_chexpert
+from tests.data_files import FINDINGS, write_chexpert, write_npz
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +145,19 @@ def test_roc_points_and_operating_point_match_the_scores():
     assert r["roc"]["fpr"][0] == 0 and r["roc"]["tpr"][-1] == 1
     assert np.trapezoid(r["roc"]["tpr"], r["roc"]["fpr"]) == pytest.approx(r["auc"])
     assert r["ci_lo"] is None  # no bootstrap asked for
+
+
+def test_without_by_site_all_rows_are_one_site_and_label_mismatch_is_named(chexpert_run, tmp_path):
+    csv, model_dir = chexpert_run
+    main(
+        ["evaluate", "--model", str(model_dir), "--data", f"csv:{csv}", "--bootstrap", "20"]
+        + ["--split", "val", "--out", str(tmp_path / "all")]
+    )
+    results = json.loads((tmp_path / "all" / "evaluation.json").read_text())
+    assert list(results["sites"]) == ["all"] and results["split"] == "val"
+    npz = write_npz(tmp_path / "m.npz")
+    with pytest.raises(SystemExit, match=r"data has 1 label\(s\), the model 5"):
+        main(
+            ["evaluate", "--model", str(model_dir), "--data", f"medmnist:{npz}"]
+            + ["--out", str(tmp_path / "x")]
+        )
