@@ -200,7 +200,8 @@ class Federation:
 
 
 def build_federation(config: SimulationConfig) -> Federation:
-    """Synthetic sites, one in-process node each, a coordinator, and a new run in the store."""
+    """The sites (``config.data`` split by ``config.partition``), one in-process node each,
+    a coordinator (after the optional warm-up), and a new run in the store."""
     torch.manual_seed(config.seed)
     sites, manifest = load_sites(
         config.data,
@@ -246,7 +247,15 @@ def build_federation(config: SimulationConfig) -> Federation:
     return Federation(config, sites, coordinator, store, run_id, run_dir, model.config())
 
 
-def _nodes(config, sites, backend, model_config, loss, run_dir: Path) -> list[Node]:
+def _nodes(
+    config: SimulationConfig,
+    sites: list[SiteData],
+    backend: Any,
+    model_config: dict[str, Any],
+    loss: str,
+    run_dir: Path,
+) -> list[Node]:
+    """One in-process node per site, its local state under ``run_dir/nodes/<site>``."""
     return [
         Node(
             site,
