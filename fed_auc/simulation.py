@@ -322,8 +322,10 @@ def run_simulation(
     def track(record: RoundRecord) -> None:
         """Keep the global model of the round with the best validation AUC (or the last)."""
         score = _val_score(record)
-        if config.select == "last" or not best or (
-            score is not None and (best["score"] is None or score > best["score"])
+        if (
+            config.select == "last"
+            or not best
+            or (score is not None and (best["score"] is None or score > best["score"]))
         ):
             tensors = backend.global_tensors(coordinator.state)
             snapshot = {k: v.clone() for k, v in tensors.items()}
