@@ -288,7 +288,11 @@ def run_evaluate(args: argparse.Namespace) -> None:
             options = _data_options(args)
             options.pop("feature_shift")
             pool = load_pool(parse_data_spec(data), size, **options)
-            sites = sites_from_manifest(pool, json.loads(args.manifest.read_text()))
+            try:
+                manifest = json.loads(args.manifest.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"cannot read manifest {args.manifest}: {exc}") from None
+            sites = sites_from_manifest(pool, manifest)
         else:
             sites, _ = load_sites(
                 data,

@@ -155,6 +155,11 @@ def test_without_by_site_all_rows_are_one_site_and_label_mismatch_is_named(chexp
     )
     results = json.loads((tmp_path / "all" / "evaluation.json").read_text())
     assert list(results["sites"]) == ["all"] and results["split"] == "val"
+    with pytest.raises(SystemExit, match=r"cannot read manifest .*nope\.json"):
+        main(
+            ["evaluate", "--model", str(model_dir), "--data", f"csv:{csv}"]
+            + ["--manifest", str(tmp_path / "nope.json"), "--out", str(tmp_path / "x")]
+        )
     npz = write_npz(tmp_path / "m.npz")
     with pytest.raises(SystemExit, match=r"data has 1 label\(s\), the model 5"):
         main(
