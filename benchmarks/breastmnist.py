@@ -46,9 +46,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs-dir", default="runs/breastmnist")
     parser.add_argument("--out", type=Path, help="write the per-seed results as JSON here")
+    parser.add_argument(
+        "--settings", nargs="+", default=["federated", "centralized"], help="which to run"
+    )
     args = parser.parse_args()
     results = {}
-    for name, federated in (("federated", True), ("centralized", False)):
+    for name in args.settings:
+        federated = name == "federated"
         results[name] = [run(args, seed, federated) for seed in args.seeds]
         aucs = [r["test_auc"] for r in results[name]]
         sd = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
