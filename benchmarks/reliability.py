@@ -25,14 +25,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from fed_auc.algorithms.base import Reply
+from fed_auc.data.csv_images import load_csv_images
+from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.synthetic import DEFAULT_PROFILES
 from fed_auc.io import CorruptState, load_state, load_torch, save_state
 from fed_auc.node import Node
 from fed_auc.simulation import SimulationConfig, run_simulation
 from fed_auc.store import RunStore, StoreError
 
+DP_ROUNDS = 15
 SMALL = {"sites": 3, "rounds": 6, "local_steps": 2, "seed": 11, "data_scale": 0.4}
 BAD = DEFAULT_PROFILES[1].name
 
@@ -254,10 +258,6 @@ def bad_inputs(workdir: Path) -> dict[str, list[int]]:
 
 def bad_data_files(workdir: Path, expect: Callable) -> None:
     """Broken images, CSVs and npz files, written here; each error must name file and place."""
-    from fed_auc.data.csv_images import load_csv_images
-    from fed_auc.data.medmnist import load_medmnist
-    from PIL import Image
-
     data = workdir / "data"
     data.mkdir()
     for i in range(4):
@@ -313,7 +313,7 @@ def bad_data_files(workdir: Path, expect: Callable) -> None:
 # -- privacy cost ---------------------------------------------------------------------------------
 def dp_cost(workdir: Path) -> list[dict]:
     rows = []
-    base = {"sites": 4, "rounds": 20, "local_steps": 8, "seed": 0}
+    base = {"sites": 4, "rounds": DP_ROUNDS, "local_steps": 8, "seed": 0, "select": "last"}
     for clip, noise in [(None, 0.0), (1.0, 0.0), (1.0, 0.01), (1.0, 0.05)]:
         config = SimulationConfig(
             runs_dir=str(workdir / f"dp{clip}-{noise}"), dp_clip=clip, dp_noise=noise, **base
@@ -365,7 +365,8 @@ def render(crash: dict, flaky: dict, hostile: dict, bad: dict, dp: list[dict], a
         "",
         "## Client-side DP: AUC cost",
         "",
-        "Synthetic demo federation (4 sites, 20 rounds, I = 8, seed 0, CODASCA); each block of",
+        f"Synthetic demo federation (4 sites, {DP_ROUNDS} rounds, I = 8, seed 0, CODASCA, last "
+        "round exported); each block of",
         "every update clipped to C, then N(0, (σC)²) noise per coordinate (`--dp-clip C "
         "--dp-noise σ`).",
         "",

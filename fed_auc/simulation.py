@@ -431,7 +431,11 @@ class BestModel:
     def offer(self, record: RoundRecord, tensors: dict[str, torch.Tensor]) -> None:
         score = _val_score(record)
         better = score is not None and (self.score is None or score > self.score)
-        if self.select == "last" or self.round is None or better or record.round == self.round:
+        if record.round == 0:  # the initial model: only until a trained round exists
+            take = self.round in (None, 0)
+        else:
+            take = self.select == "last" or self.round in (None, 0) or better
+        if take or record.round == self.round:
             self.round, self.score = record.round, score
             self.tensors = {k: v.clone() for k, v in tensors.items()}
             if self.select == "best_val":

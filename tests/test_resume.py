@@ -26,11 +26,14 @@ TIMING = {"duration_s", "finished_at", "time", "id"}
 
 
 def comparable(frame: pd.DataFrame) -> pd.DataFrame:
-    """A store table without wall-clock columns (and without timings inside metrics)."""
+    """A store table without wall-clock columns, timings inside metrics, or ROC points (whose
+    number depends on exact score ties, which float tolerance does not preserve)."""
     frame = frame.drop(columns=[c for c in frame.columns if c in TIMING or c == "run_id"])
     if "metrics" in frame:
         frame["metrics"] = [
-            {k: v for k, v in json.loads(m).items() if not k.endswith("_s")} if m else m
+            {k: v for k, v in json.loads(m).items() if not k.endswith("_s") and k != "roc"}
+            if m
+            else m
             for m in frame["metrics"]
         ]
     return frame.reset_index(drop=True)
