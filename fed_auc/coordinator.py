@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from fed_auc.io import save_state
 from fed_auc.local_work import LocalWork
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
+from fed_auc.partial import model_groups
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
@@ -71,6 +72,7 @@ class Coordinator:
         seed: int = 0,
         pooled_scoring: bool = True,
         local_work: LocalWork | None = None,
+        personal: Collection[str] = (),
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
@@ -83,6 +85,8 @@ class Coordinator:
         self.seed = seed
         self.pooled_scoring = pooled_scoring
         self.local_work = local_work
+        self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
+        self.groups = model_groups(trainable.names())  # layer groups, None for toy models
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
         self.pos_ratio = global_prevalence(registrations)
@@ -179,7 +183,7 @@ class Coordinator:
                 record.events.append((site, "error", f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
-                validate_reply(answer, model_part(requests[site].tensors), layout)
+                validate_reply(answer, model_part(requests[site].tensors), layout, self.personal)
             except InvalidReply as exc:
                 row.status = "rejected"
                 record.events.append((site, "error", f"{phase}: rejected: {exc}"))
@@ -189,6 +193,7 @@ class Coordinator:
             if row.status in ("idle", "completed"):
                 row.status = "completed"
             row.steps = (row.steps or 0) + answer.steps
+            row.trained_groups = answer.trained_groups or self.groups
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
@@ -219,6 +224,11 @@ class Coordinator:
             row.n_test, row.test_positives = test.n, test.positives
             row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
             row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
+            if answer.personal is not None:
+                personal = answer.personal["test"].aucs
+                row.personal_auc = mean_auc(personal)
+                if len(personal) == 1:
+                    row.personal_auc_lo, row.personal_auc_hi = personal[0].lo, personal[0].hi
         site_aucs = {s: rows[s].auc for s in evaluations}
         defined = [a for a in site_aucs.values() if a is not None]
         record.worst_site_auc = min(defined) if defined else None

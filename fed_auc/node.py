@@ -23,6 +23,8 @@ from fed_auc.io import load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
+from fed_auc.partial import choose_groups, memory_table, parse_budget
+from fed_auc.personal import Personalization
 from fed_auc.trainable import Tensors, Trainable
 
 LOCAL_STATE_FILE = "local_state.pt"
@@ -45,6 +47,7 @@ class Evaluation:
     site: str
     splits: dict[str, SplitEvaluation] = field(default_factory=dict)
     duration_s: float = 0.0
+    personal: dict[str, SplitEvaluation] | None = None  # the site's personal model, if any
 
 
 class Node:
@@ -60,6 +63,8 @@ class Node:
         batch_size: int = 32,
         min_pos_fraction: float = 0.05,
         seed: int = 0,
+        memory_budget: float | int | str | None = None,
+        personalization: Personalization | None = None,
     ) -> None:
         self.site = site
         self.backend = backend
@@ -67,7 +72,18 @@ class Node:
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
+        if memory_budget is not None:  # partial training: the suffix the budget allows
+            where = f"site {site.name!r} memory_budget"
+            table = memory_table(model_config, batch_size, int(site.train.images.shape[-1]))
+            groups = choose_groups(table, parse_budget(memory_budget, where), where)
+            if groups is not None:
+                self.trainable.train_only(groups)
+        self.personalization = personalization
+        if personalization is not None:
+            personalization.check_backend(backend)
+            personalization.setup(self.trainable)
         self._local_state: dict[str, Any] | None = None  # in memory; on disk after each round
+        self._personal: dict[str, Any] = {}  # personal model (personalization), same file
         self.batches = BatchStream(
             site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
         )
@@ -79,24 +95,47 @@ class Node:
     def registration(self) -> dict[str, Any]:
         """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
         split = self.site.train
-        return {"n": len(split), "positives": split.positives(), "known": split.known()}
+        return {
+            "n": len(split),
+            "positives": split.positives(),
+            "known": split.known(),
+            "trained_groups": self.trainable.trained_groups,
+        }
 
-    def train(self, broadcast: Broadcast) -> Reply:
-        """Run the backend's local update and persist the local state before replying."""
-        if self._local_state is None:  # first request since start: read what survived
+    def _restore(self) -> None:
+        """On the first request since start, read the local state that survived."""
+        if self._local_state is None:
             saved = load_state(self.state_path) if self.state_path.exists() else {}
             if "sampler" in saved:
                 self.batches.load_state_dict(saved["sampler"])
             self._local_state = saved.get("backend", {})
+            self._personal = saved.get("personal", {})
+
+    def train(self, broadcast: Broadcast) -> Reply:
+        """Run the backend's local update and persist the local state before replying."""
+        self._restore()
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        reply, self._local_state = self.backend.client_update(
-            broadcast, self._local_state, self.trainable, self.batches
-        )
+        if self.personalization is None:
+            reply, self._local_state = self.backend.client_update(
+                broadcast, self._local_state, self.trainable, self.batches
+            )
+        else:
+            reply, self._local_state, self._personal = self.personalization.train(
+                self.backend,
+                broadcast,
+                self._local_state,
+                self._personal,
+                self.trainable,
+                self.batches,
+            )
         state = {"backend": self._local_state, "sampler": self.batches.state_dict()}
+        if self._personal:
+            state["personal"] = self._personal
         save_state(state, self.state_path)
         reply.site = self.name
         reply.num_examples = len(self.site.train)
+        reply.trained_groups = self.trainable.trained_groups
         return reply
 
     @torch.no_grad()
@@ -105,21 +144,32 @@ class Node:
     ) -> Evaluation:
         """Score the given model on local splits: AUC with CI per label, and counts."""
         start = time.perf_counter()
+        result = Evaluation(self.name, self._score(tensors, splits, pooled))
+        if self.personalization is not None:  # and the site's own model, scored here only
+            self._restore()
+            personal = self.personalization.model(tensors, self._personal)
+            if personal is not None:
+                result.personal = self._score(personal, splits, pooled=False)
+        result.duration_s = time.perf_counter() - start
+        return result
+
+    def _score(
+        self, tensors: Tensors, splits: tuple[str, ...], pooled: bool
+    ) -> dict[str, SplitEvaluation]:
         self.trainable.load(tensors)
-        result = Evaluation(self.name)
+        out = {}
         for name in splits:
             split: Split = getattr(self.site, name)
             scores = self.scores(split.images)
             labels = split.labels.numpy()
-            result.splits[name] = SplitEvaluation(
+            out[name] = SplitEvaluation(
                 n=len(split),
                 positives=split.positives(),
                 aucs=per_label_auc(labels, scores),
                 scores=scores if pooled else None,
                 labels=labels if pooled else None,
             )
-        result.duration_s = time.perf_counter() - start
-        return result
+        return out
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor) -> np.ndarray:

@@ -25,6 +25,8 @@ from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
 from fed_auc.models import ARCHITECTURES, build_model
 from fed_auc.node import Node
+from fed_auc.partial import parse_budget
+from fed_auc.personal import Personalization
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
@@ -64,6 +66,14 @@ class SimulationConfig:
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_scale: float = 1.0
     runs_dir: str = "runs"
+    # EmbracingFL: each site trains the output-side suffix its memory budget allows. Budgets
+    # per site (fraction of a full step, bytes or "64MiB"); default strong/moderate/weak tiers.
+    partial_training: bool = False
+    site_memory: list[float | int | str] | None = None
+    # LSGD-PFL personalization: None, "head" or "l2"; λ for l2; head lr ratio (None = sites)
+    personalize: str | None = None
+    personal_lambda: float = 1.0
+    personal_lr_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss is None:
@@ -100,6 +110,20 @@ class SimulationConfig:
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
         self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
+        if self.site_memory is not None and not self.partial_training:
+            raise ValueError("site_memory needs partial_training (--partial-training)")
+        for i, budget in enumerate(self.memory_budgets()):
+            if budget is not None:
+                parse_budget(budget, f"site_memory[{i}]")
+        if self.site_memory is not None and len(self.site_memory) != self.sites:
+            raise ValueError(
+                f"site_memory needs one budget per site ({self.sites}), got {self.site_memory!r}"
+            )
+        personalization = self.personalization()
+        if personalization is not None:
+            personalization.check_backend(
+                build_backend(self.algorithm, **self.backend_hyperparameters())
+            )
         build_backend(self.algorithm, **self.backend_hyperparameters())  # validates them
 
     def backend_hyperparameters(self) -> dict[str, Any]:
@@ -117,6 +141,21 @@ class SimulationConfig:
         if self.stage_output is not None:  # refused by backends without stages
             common["stage_output"] = self.stage_output
         return {**common, **self.backend_options}
+
+    def memory_budgets(self) -> list[float | int | str | None]:
+        """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
+        if not self.partial_training:
+            return [None] * self.sites
+        if self.site_memory is not None:
+            return list(self.site_memory)
+        tier = self.sites // 3
+        return [1.0] * (self.sites - 2 * tier) + [0.4] * tier + [0.15] * tier
+
+    def personalization(self) -> Personalization | None:
+        if self.personalize is None:
+            return None
+        ratio = self.sites if self.personal_lr_ratio is None else self.personal_lr_ratio
+        return Personalization(self.personalize, self.personal_lambda, ratio)
 
     def local_work(self, site_names: list[str]) -> LocalWork | None:
         """Per-site τ_i, or None when every site does the backend's ``local_steps``."""
@@ -184,6 +223,7 @@ def build_federation(config: SimulationConfig) -> Federation:
     store = RunStore(config.runs_dir)
     run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
+    personalization = config.personalization()
     nodes = [
         Node(
             site,
@@ -194,8 +234,10 @@ def build_federation(config: SimulationConfig) -> Federation:
             batch_size=config.batch_size,
             min_pos_fraction=config.min_pos_fraction,
             seed=config.seed * 1000 + i,
+            memory_budget=budget,
+            personalization=personalization,
         )
-        for i, site in enumerate(sites)
+        for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
     try:
         coordinator = Coordinator(
@@ -208,6 +250,7 @@ def build_federation(config: SimulationConfig) -> Federation:
             participation=config.participation,
             seed=config.seed,
             local_work=config.local_work([site.name for site in sites]),
+            personal=personalization.personal_names(server.names()) if personalization else (),
         )
     except BaseException as exc:
         _fail(store, run_id, exc)
@@ -284,6 +327,8 @@ def summarize(
         "global_auc": [r.global_auc for r in results],  # index = round; 0 = before training
         "worst_site_auc": [r.worst_site_auc for r in results],
         "site_auc": {s.site: s.auc for s in final.sites},
+        "site_personal_auc": {s.site: s.personal_auc for s in final.sites},
+        "trained_groups": {s.site: s.trained_groups for s in results[-1].sites},
     }
 
 

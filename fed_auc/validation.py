@@ -10,10 +10,12 @@ refers to and finite values, and sensible counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 
 from fed_auc.algorithms.base import Reply, ReplyLayout
+from fed_auc.partial import trained_part
 from fed_auc.trainable import BUFFER, Tensors
 
 
@@ -30,10 +32,25 @@ def expected_tensors(model: Tensors, layout: ReplyLayout) -> dict[str, torch.Ten
     return expected
 
 
-def validate_reply(reply: Reply, model: Tensors, layout: ReplyLayout | None = None) -> None:
-    """Raise ``InvalidReply`` naming the first problem found."""
+def validate_reply(
+    reply: Reply,
+    model: Tensors,
+    layout: ReplyLayout | None = None,
+    personal: Collection[str] = (),
+) -> None:
+    """Raise ``InvalidReply`` naming the first problem found.
+
+    ``personal``: model tensors that stay on the nodes (personalization) and must not be
+    sent; a partial-training reply is checked against the suffix it declares it trained.
+    """
     where = f"reply from site {reply.site!r}"
     layout = layout or ReplyLayout()
+    model = {n: t for n, t in model.items() if n not in personal}
+    if reply.trained_groups is not None:
+        try:
+            model = trained_part(model, reply.trained_groups)
+        except ValueError as exc:
+            raise InvalidReply(f"{where}: {exc}") from None
     if not isinstance(reply.num_examples, int) or reply.num_examples < 1:
         raise InvalidReply(
             f"{where}: num_examples must be a positive integer, got {reply.num_examples!r}"
