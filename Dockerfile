@@ -11,4 +11,11 @@ COPY fed_auc ./fed_auc
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
  && pip install -c constraints.txt .
 
-CMD ["fed-auc", "demo", "--runs-dir", "/app/runs"]
+COPY hospitals ./hospitals
+COPY configs ./configs
+# Role switch: the default runs the demo; pass a role to run a service instead, e.g.
+#   docker run -v "$PWD/certs:/app/certs" -p 9092:9092 fed-auc coordinator --config configs/flower_demo.toml
+#   docker run -v "$PWD/certs:/app/certs" fed-auc node --site hospitals/st_elsewhere.toml \
+#     --coordinator coord:9092 --root-certificates certs/ca.pem --auth-key certs/keys/st_elsewhere.key
+ENTRYPOINT ["fed-auc"]
+CMD ["demo", "--runs-dir", "/app/runs"]

@@ -66,15 +66,16 @@ def _run(excluded: Sequence[str] = (), **options: Any) -> dict[str, Any]:
 def partial_section(base: dict[str, Any]) -> str:
     mixed = {**base, "partial_training": True, "site_memory": BUDGETS}
     first = _run(**mixed)
-    sites = list(first["site_auc"])
-    weak, non_strong = sites[3:], sites[2:]
+    groups = first["trained_groups"]
+    sites = sorted(groups, key=lambda s: -len(groups[s]))  # strong first, weak last
+    weak = [s for s in sites if len(groups[s]) == len(groups[sites[-1]])]
+    non_strong = [s for s in sites if len(groups[s]) < len(groups[sites[0]])]
     runs = [
         ("all four sites strong (plain CODASCA)", _run(**base)),
         ("strong, strong, moderate 40 %, weak 15 % (partial training)", first),
-        (f"mixed, weak site ({weak[0]}) left out of training", _run(weak, **mixed)),
+        (f"mixed, weak site ({', '.join(weak)}) left out of training", _run(weak, **mixed)),
         ("only the two strong sites train", _run(non_strong, **mixed)),
     ]
-    groups = first["trained_groups"]
     lines = [
         "Trained groups per site: "
         + "; ".join(f"{s}: {groups[s][0]}→classifier ({len(groups[s])})" for s in sites),

@@ -1,4 +1,4 @@
-"""The ``fed-auc`` command: simulate, demo, runs."""
+"""The ``fed-auc`` command: simulate, demo, runs, dashboard; coordinator, node, certs (Flower)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.simulation import SimulationConfig
+from fed_auc.transport import flower_cli
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 
@@ -76,6 +77,27 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         help="--personalize head: head lr / shared lr (default: the number of sites)",
     )
+    p.add_argument(
+        "--max-update-norm",
+        type=float,
+        help="reject a reply whose update ‖w_k − w‖ exceeds this bound (default: no bound)",
+    )
+    p.add_argument(
+        "--aggregation",
+        help="mean (default: the backend's weighted mean), median, or trimmed_mean[:β] "
+        "(coordinate-wise, robust to a few hostile sites)",
+    )
+    p.add_argument(
+        "--dp-clip", type=float, help="client-side DP: clip each update block to this L2 norm C"
+    )
+    p.add_argument(
+        "--dp-noise", type=float, help="client-side DP: Gaussian noise multiplier σ (std σ·C)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted run from its last recorded round (its recorded options)",
+    )
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -92,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
+    dashboard = sub.add_parser("dashboard", help="open the Streamlit dashboard over a run store")
+    dashboard.add_argument("--runs-dir", default="runs")
+    dashboard.add_argument("--port", type=int, default=8501)
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    flower_cli.add_parsers(sub)
     return parser
 
 
@@ -138,19 +165,32 @@ def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
     return data
 
 
-def simulate(config: SimulationConfig, as_json: bool) -> dict[str, Any]:
+def simulate(
+    config: SimulationConfig | None, as_json: bool, resume: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar."""
     from tqdm import tqdm
 
-    from fed_auc.simulation import run_simulation
+    from fed_auc.simulation import rounds_left, run_simulation
 
-    bar = tqdm(total=config.rounds, desc=f"{config.algorithm}", unit="round", file=sys.stderr)
+    if resume is not None:
+        try:
+            total, desc = rounds_left(*resume), f"resume {resume[1]}"
+        except KeyError as exc:
+            raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
+    else:
+        total, desc = config.rounds, config.algorithm
+    bar = tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
 
     def on_round(record) -> None:
         bar.set_postfix(auc=_fmt(record.global_auc), worst=_fmt(record.worst_site_auc))
         bar.update(1)
 
     try:
-        summary = run_simulation(config, on_round)
+        if resume is not None:
+            summary = _resume(resume, on_round)
+        else:
+            summary = run_simulation(config, on_round)
     finally:
         bar.close()
     if as_json:
@@ -198,6 +238,53 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         )
 
 
+def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
+    from fed_auc.coordinator import FederationError
+    from fed_auc.simulation import resume_simulation
+
+    try:
+        return resume_simulation(*resume, on_round=on_round)
+    except (ValueError, FederationError) as exc:
+        raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
+
+
+def _resume_runs_dir(args: argparse.Namespace) -> str:
+    """``--resume`` takes every option from the recorded run; only where it lives may be given."""
+    given = [
+        name
+        for name, value in vars(args).items()
+        if value not in (None, False) and name not in ("command", "resume", "runs_dir", "json")
+    ]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise SystemExit(
+            f"fed-auc simulate --resume uses the run's recorded options; drop {flags}"
+        )
+    return args.runs_dir or "runs"
+
+
+def dashboard(runs_dir: str, port: int, host: str) -> int:
+    """``streamlit run app/streamlit_app.py``, headless, no usage statistics; the runs
+    directory travels in FED_AUC_RUNS_DIR. The app ships with the source tree, not the wheel."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    if not script.exists():
+        raise SystemExit(f"fed-auc dashboard: no app at {script} (needs a source checkout)")
+    env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
+    command = [
+        sys.executable, "-m", "streamlit", "run", str(script),
+        "--server.headless", "true", "--server.port", str(port), "--server.address", host,
+        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
+    ]  # fmt: skip
+    print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}", file=sys.stderr)
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -208,7 +295,9 @@ def _num(value: Any) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
+    if args.command == "simulate" and args.resume is not None:
+        simulate(None, args.json, resume=(_resume_runs_dir(args), args.resume))
+    elif args.command == "simulate":
         simulate(config_from_args(args), args.json)
     elif args.command == "demo":
         config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)
@@ -221,6 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)
+    elif args.command == "dashboard":
+        return dashboard(args.runs_dir, args.port, args.host)
+    elif args.command == "coordinator":
+        flower_cli.coordinator(args)
+    elif args.command == "node":
+        return flower_cli.node(args)
+    elif args.command == "certs":
+        flower_cli.certs(args)
     return 0
 
 

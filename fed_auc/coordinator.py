@@ -1,12 +1,19 @@
-"""The round loop: sample, dispatch, validate, aggregate, evaluate, record, checkpoint.
+"""The round loop: sample, dispatch, validate, aggregate, checkpoint, evaluate, record.
 
 The coordinator owns no math: the backend plans and aggregates, the nodes train and score,
 the store records. One round here is what DESIGN.md's "One round, as data flows" describes.
+
+Crash safety: a round is *committed* when its row is in the store. Its checkpoint (server
+state + which reply of every site was kept) is on disk before that, and the one before it is
+kept too, so whatever the moment of a crash there is a checkpoint of the store's last round
+to resume from. Nodes learn from each request which of their replies were committed and
+drop the local state of any other (see ``fed_auc.node``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -15,21 +22,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState, model_part
+from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState
 from fed_auc.algorithms.codasca import CONTROL_DELTA
 from fed_auc.heterogeneity import site_update, tensor_norm, update_signals
-from fed_auc.io import save_state
+from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.local_work import LocalWork
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
 from fed_auc.partial import model_groups
+from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
-from fed_auc.validation import InvalidReply, validate_reply
+from fed_auc.validation import InvalidReply, validate_answer
 
 CHECKPOINT_FILE = "checkpoint.pt"
+PREVIOUS_CHECKPOINT_FILE = "checkpoint.prev.pt"
 
 
 class FederationError(RuntimeError):
@@ -72,6 +82,8 @@ class Coordinator:
         seed: int = 0,
         pooled_scoring: bool = True,
         local_work: LocalWork | None = None,
+        max_update_norm: float | None = None,
+        aggregation: Aggregation | None = None,
         personal: Collection[str] = (),
     ) -> None:
         if not 0 < participation <= 1:
@@ -85,6 +97,8 @@ class Coordinator:
         self.seed = seed
         self.pooled_scoring = pooled_scoring
         self.local_work = local_work
+        self.max_update_norm = max_update_norm
+        self.aggregation = aggregation or Aggregation()
         self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
         self.groups = model_groups(trainable.names())  # layer groups, None for toy models
         registrations = transport.register()
@@ -93,6 +107,9 @@ class Coordinator:
         self.registrations = registrations
         sizes = {site: int(r["n"]) for site, r in registrations.items()}
         self.state: ServerState = backend.init_server(trainable, sizes)
+        # [round, phase] of the last reply of each site kept in a committed round
+        self.accepted: dict[str, list[int]] = {}
+        self.committed_round: int | None = None  # last round in the store
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._checkpoint: Future[None] | None = None
 
@@ -100,20 +117,35 @@ class Coordinator:
     def run(
         self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None
     ) -> list[RoundRecord]:
-        """Evaluate the initial model (round 0), then train ``rounds`` rounds."""
-        results = [self.evaluate_initial()]
-        for _ in range(rounds):
+        """Evaluate the initial model (round 0), then train until ``rounds`` rounds are done.
+
+        After ``resume`` only the rounds still missing are run.
+        """
+        results = [] if self.committed_round is not None else [self.evaluate_initial()]
+        while self.state["round"] < rounds:
             results.append(self.run_round())
             if on_round is not None:
                 on_round(results[-1])
         self.wait_for_checkpoint()
         return results
 
+    def resume(self) -> int:
+        """Continue from the store's last committed round: load its checkpoint. Returns it."""
+        rounds = self.store.rounds(self.run_id)
+        if rounds.empty:
+            return -1  # not even round 0 was recorded: start over
+        last = int(rounds["round"].max())
+        snapshot = load_checkpoint(self.run_dir, last)
+        self.state, self.accepted = snapshot["state"], snapshot["accepted"]
+        self.committed_round = last
+        return last
+
     def evaluate_initial(self) -> RoundRecord:
         record = RoundRecord(round=0, stage=0, lr=None)
         site_rows = {s: SiteRound(site=s, status="initial") for s in self.sites}
+        self._start_checkpoint(0, {})
         self._evaluate(record, site_rows)
-        self._finish_round(record, site_rows)
+        self._finish_round(record, site_rows, {})
         return record
 
     def run_round(self) -> RoundRecord:
@@ -123,16 +155,18 @@ class Coordinator:
         record = RoundRecord(round=round_ + 1)
         rows = {s: SiteRound(site=s, status="idle") for s in self.sites}
         signals: dict[str, dict[str, float]] = {}
-        for phase in self.backend.phases:
+        kept: dict[str, list[int]] = {}  # this round's accepted replies, [round, phase]
+        for index, phase in enumerate(self.backend.phases):
             fraction = self.backend.phase_participation(phase) or self.participation
             selected = sample_sites(self.sites, fraction, self.seed, round_, phase)
             broadcast = self.backend.plan(self.state, round_, phase)
             broadcast.config["pos_ratio"] = self.pos_ratio
             record.stage = broadcast.config.get("stage", record.stage)
             record.lr = broadcast.config.get("lr", record.lr)
-            requests = {site: self._request_for(site, broadcast) for site in selected}
+            requests = {site: self._request_for(site, broadcast, kept) for site in selected}
             answers = self.transport.train(requests)
             valid = self._screen(phase, answers, requests, rows, record)
+            kept.update({reply.site: [round_, index] for reply in valid})
             if not valid:  # keep what the nodes said before giving up
                 for site, level, message in record.events:
                     self.store.add_event(self.run_id, message, level, site, record.round)
@@ -143,22 +177,32 @@ class Coordinator:
             updates = {site: u for site, u in updates.items() if u is not None}
             if updates:
                 signals = update_signals(updates)
-            self.state = self.backend.aggregate(self.state, valid, phase)
+            self.state = self.backend.aggregate(self.state, self.aggregation.apply(valid), phase)
         for site, values in signals.items():
             for key, value in values.items():
                 setattr(rows[site], key, value)
+        self._start_checkpoint(record.round, kept)
         self._evaluate(record, rows)
         record.duration_s = time.perf_counter() - start
-        self._finish_round(record, rows)
+        self._finish_round(record, rows, kept)
         return record
 
     # -- steps --------------------------------------------------------------------------
-    def _request_for(self, site: str, broadcast: Broadcast) -> Broadcast:
-        """The broadcast as this site receives it: with its own τ_i where there are local steps."""
-        if "local_steps" not in broadcast.config or self.local_work is None:
-            return broadcast
-        steps = self.local_work.steps(site, broadcast.round, broadcast.config["local_steps"])
-        return dataclasses.replace(broadcast, config={**broadcast.config, "local_steps": steps})
+    def _request_for(
+        self, site: str, broadcast: Broadcast, kept: Mapping[str, list[int]]
+    ) -> Broadcast:
+        """The broadcast as this site receives it: its own τ_i where there are local steps,
+        and which of its replies the federation kept (for the node's local-state commit)."""
+        config = {
+            **broadcast.config,
+            "commit": self.accepted.get(site),
+            "continue": kept.get(site),
+        }
+        if "local_steps" in config and self.local_work is not None:
+            config["local_steps"] = self.local_work.steps(
+                site, broadcast.round, config["local_steps"]
+            )
+        return dataclasses.replace(broadcast, config=config)
 
     def _screen(
         self,
@@ -172,9 +216,12 @@ class Coordinator:
         layout = self.backend.reply_layout(phase)
         valid = []
         for site, answer in answers.items():
+            if site not in requests:  # a transport must not invent answers
+                record.events.append((site, "error", f"{phase}: answer from an unasked site"))
+                continue
             row = rows[site]
             down = payload_bytes(requests[site].tensors)
-            up = 0 if isinstance(answer, NodeFailure) else payload_bytes(answer.tensors)
+            up = 0 if not isinstance(answer, Reply) else _bytes_or_zero(answer.tensors)
             row.metrics.setdefault("bytes", {})[phase] = {"down": down, "up": up}
             row.bytes_down = (row.bytes_down or 0) + down
             record.bytes_down += down
@@ -183,7 +230,9 @@ class Coordinator:
                 record.events.append((site, "error", f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
-                validate_reply(answer, model_part(requests[site].tensors), layout, self.personal)
+                validate_answer(
+                    answer, site, requests[site], layout, self.max_update_norm, self.personal
+                )
             except InvalidReply as exc:
                 row.status = "rejected"
                 record.events.append((site, "error", f"{phase}: rejected: {exc}"))
@@ -224,6 +273,7 @@ class Coordinator:
             row.n_test, row.test_positives = test.n, test.positives
             row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
             row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
+            row.metrics["roc"] = test.roc
             if answer.personal is not None:
                 personal = answer.personal["test"].aucs
                 row.personal_auc = mean_auc(personal)
@@ -251,18 +301,24 @@ class Coordinator:
         aucs = per_label_auc(labels, scores)
         return mean_auc(aucs), [a.auc for a in aucs]
 
-    def _finish_round(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
-        """Record the round in one transaction, then checkpoint the server state.
+    def _start_checkpoint(self, round_: int, kept: Mapping[str, list[int]]) -> None:
+        """Write the round's checkpoint in the background while the sites evaluate.
 
-        The checkpoint is written (atomically) in the background while the next round
-        trains: backends never modify a state in place, so the saved dicts stay as they were.
-        A write still running is waited for before the next one and by ``close``.
+        Backends never modify a state in place, so the saved dicts stay as they were.
         """
+        self.wait_for_checkpoint()
+        snapshot = {"round": round_, "state": self.state, "accepted": {**self.accepted, **kept}}
+        self._checkpoint = self._writer.submit(write_checkpoint, snapshot, self.run_dir)
+
+    def _finish_round(
+        self, record: RoundRecord, rows: dict[str, SiteRound], kept: Mapping[str, list[int]]
+    ) -> None:
+        """Commit the round: its checkpoint on disk first, then its rows in one transaction."""
+        self.wait_for_checkpoint()
         record.sites = list(rows.values())
         self.store.record_round(self.run_id, record)
-        self.wait_for_checkpoint()
-        snapshot = {"round": record.round, "state": self.state}
-        self._checkpoint = self._writer.submit(save_state, snapshot, self.run_dir / CHECKPOINT_FILE)
+        self.accepted.update(kept)
+        self.committed_round = record.round
 
     def wait_for_checkpoint(self) -> None:
         """Block until the last checkpoint is on disk; re-raise its error if it failed."""
@@ -273,3 +329,38 @@ class Coordinator:
     def close(self) -> None:
         self.wait_for_checkpoint()
         self._writer.shutdown()
+
+
+def write_checkpoint(snapshot: Mapping[str, Any], run_dir: Path) -> None:
+    """Keep the previous checkpoint, then write this one atomically."""
+    path = run_dir / CHECKPOINT_FILE
+    if path.exists():
+        os.replace(path, run_dir / PREVIOUS_CHECKPOINT_FILE)
+    save_state(dict(snapshot), path)
+
+
+def load_checkpoint(run_dir: Path, round_: int) -> dict[str, Any]:
+    """The checkpoint of ``round_`` (the current or the previous file), or a clear error."""
+    found = []
+    for name in (CHECKPOINT_FILE, PREVIOUS_CHECKPOINT_FILE):
+        path = run_dir / name
+        if not path.exists():
+            continue
+        try:
+            snapshot = load_state(path)
+        except CorruptState as exc:
+            found.append(str(exc))
+            continue
+        if snapshot["round"] == round_:
+            return snapshot
+        found.append(f"{path} holds round {snapshot['round']}")
+    raise FederationError(
+        f"cannot resume: the store's last round is {round_} but no checkpoint of it was found "
+        f"in {run_dir} ({'; '.join(found) or 'no checkpoint files'})"
+    )
+
+
+def _bytes_or_zero(tensors: object) -> int:
+    if isinstance(tensors, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return payload_bytes(tensors)
+    return 0

@@ -1,7 +1,13 @@
-"""Atomic file writes: a crash leaves the old file or the new one, never half of either."""
+"""Atomic file writes: a crash leaves the old file or the new one, never half of either.
+
+States (server checkpoints, node local states) are also checksummed: a file that was cut
+short or altered on disk is refused with an error naming it, instead of being half-loaded.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import tempfile
@@ -23,6 +29,30 @@ def _atomic(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(path: str | Path) -> int:
+    """Delete temporaries a killed writer of ``path`` left behind; returns how many."""
+    path = Path(path)
+    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.exists() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_torch(obj: Any, path: str | Path) -> None:
@@ -83,10 +113,36 @@ def unpack(tree: Any) -> Any:
     return tree
 
 
+STATE_MAGIC = b"FED-AUC-STATE/1\n"
+
+
+class CorruptState(ValueError):
+    """A state file that is truncated, altered or not a fed-auc state at all."""
+
+
 def save_state(obj: Any, path: str | Path) -> None:
-    """Save a state (server checkpoint, node local state) packed and atomically."""
-    save_torch(pack(obj), path)
+    """Save a state packed, checksummed (SHA-256 of the payload) and atomically."""
+    buffer = io.BytesIO()
+    torch.save(pack(obj), buffer)
+    payload = buffer.getvalue()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+
+    def write(f) -> None:
+        f.write(STATE_MAGIC + digest + b"\n")
+        f.write(payload)
+
+    _atomic(Path(path), write)
 
 
 def load_state(path: str | Path) -> Any:
-    return unpack(load_torch(path))
+    """Load a state written by ``save_state``; ``CorruptState`` if it does not check out."""
+    data = Path(path).read_bytes()
+    header = len(STATE_MAGIC) + 65
+    if not data.startswith(STATE_MAGIC) or len(data) < header:
+        raise CorruptState(f"{path}: not a fed-auc state file (no {STATE_MAGIC!r} header)")
+    digest, payload = data[len(STATE_MAGIC) : header - 1], data[header:]
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise CorruptState(
+            f"{path}: checksum mismatch ({len(payload)} payload bytes): truncated or altered"
+        )
+    return unpack(torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True))

@@ -29,7 +29,7 @@ class LocalWork:
             raise ValueError("a local-steps range needs both its low and its high end")
         if self.low is not None and not 1 <= self.low <= self.high:
             raise ValueError(
-                f"local-steps range must satisfy 1 ≤ MIN ≤ MAX, got {self.low}:{self.high}"
+                f"local_steps_range must satisfy 1 ≤ MIN ≤ MAX, got {self.low}:{self.high}"
             )
 
     @classmethod
@@ -39,7 +39,7 @@ class LocalWork:
             low, high = (int(part) for part in text.split(":"))
         except ValueError:
             raise ValueError(
-                f"local-steps range must look like MIN:MAX (e.g. 3:20), got {text!r}"
+                f"local_steps_range must look like MIN:MAX (e.g. 3:20), got {text!r}"
             ) from None
         return cls(low=low, high=high, seed=seed)
 

@@ -4,10 +4,20 @@ The node answers two requests, whatever the transport: ``train`` (run the backen
 ``client_update`` on local data) and ``evaluate`` (score a model on local splits). Only
 tensors of the model update and aggregate counts leave it; per-image scores leave only when
 the request asks for pooled scoring (simulation does, to report pooled AUC).
+
+Local state (control variates, the sampler's position) is committed in two steps, so a node
+never keeps the effect of a reply the federation did not keep. After training, the new state
+is written (atomically, checksummed) as *pending*; the coordinator's next request says which
+of this site's replies it has committed (``commit``: round and phase of the last accepted
+reply in a recorded round) and which reply of the current round it builds on (``continue``).
+A pending state with the committed tag becomes the local state; one with the continued tag
+is the working state for the next phase; any other (a reply that was dropped, rejected, or
+lost to a coordinator crash) is thrown away and the node goes back to its committed state.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,15 +29,18 @@ import torch
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.io import load_state, save_state
+from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
 from fed_auc.partial import choose_groups, memory_table, parse_budget
 from fed_auc.personal import Personalization
+from fed_auc.privacy import Privacy
+from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
 
 LOCAL_STATE_FILE = "local_state.pt"
+PENDING_STATE_FILE = "local_state.pending.pt"
 EVAL_BATCH = 256
 
 
@@ -40,6 +53,7 @@ class SplitEvaluation:
     aucs: list[AUCResult]
     scores: np.ndarray | None = None  # (N, L), only when pooled scoring is on
     labels: np.ndarray | None = None
+    roc: list[dict[str, Any]] | None = None  # per label, ≤ 101 points; test split only
 
 
 @dataclass
@@ -65,10 +79,15 @@ class Node:
         seed: int = 0,
         memory_budget: float | int | str | None = None,
         personalization: Personalization | None = None,
+        privacy: Privacy | None = None,
     ) -> None:
         self.site = site
         self.backend = backend
+        self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
+        self.pending_path = Path(state_dir) / PENDING_STATE_FILE
+        for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
+            remove_stale_temporaries(path)
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
@@ -82,11 +101,13 @@ class Node:
         if personalization is not None:
             personalization.check_backend(backend)
             personalization.setup(self.trainable)
-        self._local_state: dict[str, Any] | None = None  # in memory; on disk after each round
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
         self.batches = BatchStream(
             site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
         )
+        self._initial_sampler = self.batches.state_dict()
+        self._local_state: dict[str, Any] | None = None  # the working state, in memory
+        self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
 
     @property
     def name(self) -> str:
@@ -102,18 +123,9 @@ class Node:
             "trained_groups": self.trainable.trained_groups,
         }
 
-    def _restore(self) -> None:
-        """On the first request since start, read the local state that survived."""
-        if self._local_state is None:
-            saved = load_state(self.state_path) if self.state_path.exists() else {}
-            if "sampler" in saved:
-                self.batches.load_state_dict(saved["sampler"])
-            self._local_state = saved.get("backend", {})
-            self._personal = saved.get("personal", {})
-
     def train(self, broadcast: Broadcast) -> Reply:
-        """Run the backend's local update and persist the local state before replying."""
-        self._restore()
+        """Run the backend's local update and write the new state as pending before replying."""
+        self._sync_local_state(broadcast)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
         if self.personalization is None:
@@ -129,14 +141,53 @@ class Node:
                 self.trainable,
                 self.batches,
             )
-        state = {"backend": self._local_state, "sampler": self.batches.state_dict()}
+        self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
+        state = {
+            "tag": self._pending_tag,
+            "backend": self._local_state,
+            "sampler": self.batches.state_dict(),
+        }
         if self._personal:
             state["personal"] = self._personal
-        save_state(state, self.state_path)
-        reply.site = self.name
+        save_state(state, self.pending_path)
+        reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups
+        if self.privacy is not None:
+            reply = self.privacy.privatize(reply, broadcast, self.name)
         return reply
+
+    def _sync_local_state(self, broadcast: Broadcast) -> None:
+        """Promote, continue from or discard the pending state, as the request says."""
+        if self._pending_tag is None and self.pending_path.exists():  # after a restart
+            self._pending_tag = load_state(self.pending_path)["tag"]
+            self._local_state = None
+        # A driver that does not speak the protocol (a test, a script) keeps every state.
+        commit = broadcast.config.get("commit", self._pending_tag)
+        follow = broadcast.config.get("continue")
+        if self._pending_tag is not None:
+            tag, self._pending_tag = self._pending_tag, None
+            if tag == follow:  # a later phase of the round in progress
+                self._pending_tag = tag
+                self._load(self.pending_path)
+                return
+            if tag == commit:
+                self._load(self.pending_path)
+                os.replace(self.pending_path, self.state_path)
+                return
+            self.pending_path.unlink(missing_ok=True)  # never kept by the federation
+            self._local_state = None
+        if self._local_state is None:
+            self._load(self.state_path)
+
+    def _load(self, path: Path) -> None:
+        """Make the state saved at ``path`` the working one (no-op if it already is)."""
+        if self._local_state is not None and path == self.pending_path:
+            return  # the working state is the pending one, still in memory
+        saved = load_state(path) if path.exists() else {}
+        self.batches.load_state_dict(saved.get("sampler", self._initial_sampler))
+        self._local_state = saved.get("backend", {})
+        self._personal = saved.get("personal", {})
 
     @torch.no_grad()
     def evaluate(
@@ -146,7 +197,10 @@ class Node:
         start = time.perf_counter()
         result = Evaluation(self.name, self._score(tensors, splits, pooled))
         if self.personalization is not None:  # and the site's own model, scored here only
-            self._restore()
+            if self._local_state is None:  # nothing loaded yet: the latest state on disk
+                newest = self.pending_path if self.pending_path.exists() else self.state_path
+                saved = load_state(newest) if newest.exists() else {}
+                self._personal = saved.get("personal", {})
             personal = self.personalization.model(tensors, self._personal)
             if personal is not None:
                 result.personal = self._score(personal, splits, pooled=False)
@@ -168,6 +222,7 @@ class Node:
                 aucs=per_label_auc(labels, scores),
                 scores=scores if pooled else None,
                 labels=labels if pooled else None,
+                roc=per_label_roc(labels, scores) if name == "test" else None,
             )
         return out
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
@@ -27,6 +29,8 @@ from fed_auc.models import ARCHITECTURES, build_model
 from fed_auc.node import Node
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
+from fed_auc.privacy import Privacy
+from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
@@ -65,11 +69,18 @@ class SimulationConfig:
     # CLI --backend-option NAME=VALUE); the backend validates them.
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_scale: float = 1.0
+    # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
+    # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
+    # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
+    max_update_norm: float | None = None
+    aggregation: str = "mean"  # or median, trimmed_mean[:β] (fed_auc.robust)
+    dp_clip: float | None = None
+    dp_noise: float = 0.0
     runs_dir: str = "runs"
     # EmbracingFL: each site trains the output-side suffix its memory budget allows. Budgets
     # per site (fraction of a full step, bytes or "64MiB"); default strong/moderate/weak tiers.
     partial_training: bool = False
-    site_memory: list[float | int | str] | None = None
+    site_memory: list | None = None  # items: float, int or str
     # LSGD-PFL personalization: None, "head" or "l2"; λ for l2; head lr ratio (None = sites)
     personalize: str | None = None
     personal_lambda: float = 1.0
@@ -82,6 +93,8 @@ class SimulationConfig:
 
     def validate(self) -> None:
         """Fail early with the option name, the bad value and what was expected."""
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
         _choice("algorithm", self.algorithm, sorted(ALGORITHMS))
         _choice("loss", self.loss, LOSSES)
         _choice("model", self.model, sorted(ARCHITECTURES))
@@ -110,6 +123,13 @@ class SimulationConfig:
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
         self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
+        Aggregation.parse(self.aggregation)
+        if self.max_update_norm is not None:
+            _positive("max_update_norm", self.max_update_norm)
+        if self.dp_clip is not None:
+            Privacy(self.dp_clip, self.dp_noise)  # validates both
+        elif self.dp_noise:
+            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
         if self.site_memory is not None and not self.partial_training:
             raise ValueError("site_memory needs partial_training (--partial-training)")
         for i, budget in enumerate(self.memory_budgets()):
@@ -174,6 +194,39 @@ def _choice(name: str, value: Any, choices: list[str] | tuple[str, ...]) -> None
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "list[int]": (list,),
+    "list": (list,),  # checked item by item by the option's own validation
+    "bool": (bool,),
+    "dict[str, Any]": (dict,),
+}
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """``value`` matches a field annotation such as ``float | None`` (bool is not a number)."""
+    kinds = [kind.strip() for kind in str(annotation).split("|")]
+    if value is None:
+        if "None" in kinds:
+            return
+    elif (not isinstance(value, bool) or "bool" in kinds) and any(
+        isinstance(value, _TYPES[kind]) for kind in kinds if kind in _TYPES
+    ):
+        if "list[int]" not in kinds or all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return
+    raise ValueError(f"{name} must be {annotation}, got {value!r} ({type(value).__name__})")
+
+
+def _positive(name: str, value: Any) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
 def _at_least(name: str, value: Any, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or value < low or (high is not None and value > high):
         upper = f" and ≤ {high}" if high is not None else ""
@@ -207,8 +260,9 @@ class Federation:
     model_config: dict[str, Any]
 
 
-def build_federation(config: SimulationConfig) -> Federation:
-    """Synthetic sites, one in-process node each, a coordinator, and a new run in the store."""
+def build_federation(config: SimulationConfig, run_id: str | None = None) -> Federation:
+    """Synthetic sites, one in-process node each, a coordinator, and a run in the store:
+    a new one, or the existing ``run_id`` (resume)."""
     torch.manual_seed(config.seed)
     sites = make_synthetic_federation(
         num_sites=config.sites,
@@ -221,8 +275,13 @@ def build_federation(config: SimulationConfig) -> Federation:
     model = build_model(config.model, num_labels=config.num_labels)
     server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
     store = RunStore(config.runs_dir)
-    run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
+    resuming = run_id is not None
+    if run_id is None:
+        run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
+    privacy = None
+    if config.dp_clip is not None:
+        privacy = Privacy(config.dp_clip, config.dp_noise, config.seed)
     personalization = config.personalization()
     nodes = [
         Node(
@@ -236,6 +295,7 @@ def build_federation(config: SimulationConfig) -> Federation:
             seed=config.seed * 1000 + i,
             memory_budget=budget,
             personalization=personalization,
+            privacy=privacy,
         )
         for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
@@ -251,12 +311,18 @@ def build_federation(config: SimulationConfig) -> Federation:
             seed=config.seed,
             local_work=config.local_work([site.name for site in sites]),
             personal=personalization.personal_names(server.names()) if personalization else (),
+            max_update_norm=config.max_update_norm,
+            aggregation=Aggregation.parse(config.aggregation),
         )
+        if resuming:
+            last = coordinator.resume()
+            store.reopen_run(run_id, f"run resumed after round {last}")
     except BaseException as exc:
         _fail(store, run_id, exc)
         raise
-    store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
-    store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
+    if not resuming:
+        store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
+        store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
     return Federation(config, sites, coordinator, store, run_id, run_dir, model.config())
 
 
@@ -264,20 +330,53 @@ def run_simulation(
     config: SimulationConfig, on_round: Callable[[RoundRecord], None] | None = None
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
-    fed = build_federation(config)
-    coordinator, store = fed.coordinator, fed.store
+    return _complete(build_federation(config), on_round)
+
+
+def resume_simulation(
+    runs_dir: str | Path, run_id: str, on_round: Callable[[RoundRecord], None] | None = None
+) -> dict[str, Any]:
+    """Continue an interrupted run from its last recorded round, with its recorded config.
+
+    Rounds already in the store are neither lost nor repeated; with the same seed the result
+    equals the uninterrupted run's.
+    """
+    with RunStore(runs_dir) as store:
+        try:
+            run = store.run(run_id)
+        except KeyError:
+            raise ValueError(f"no run {run_id!r} in {store.path}") from None
+    if run["status"] == "completed":
+        raise ValueError(f"run {run_id!r} already completed: nothing to resume")
+    config = SimulationConfig(**{**run["config"], "runs_dir": str(runs_dir)})
+    return _complete(build_federation(config, run_id=run_id), on_round)
+
+
+def rounds_left(runs_dir: str | Path, run_id: str) -> int:
+    """Rounds a resume of ``run_id`` still has to train (for a progress bar)."""
+    with RunStore(runs_dir) as store:
+        done = store.rounds(run_id)["round"].max()
+        total = store.run(run_id)["config"]["rounds"]
+    return int(total) - (0 if done != done else int(done))  # NaN: no round yet
+
+
+def _complete(
+    fed: Federation, on_round: Callable[[RoundRecord], None] | None
+) -> dict[str, Any]:
+    """Train the rounds still missing, export the model and close the run."""
+    config, coordinator, store = fed.config, fed.coordinator, fed.store
     try:
-        results = coordinator.run(config.rounds, on_round)
+        coordinator.run(config.rounds, on_round)
     except BaseException as exc:
         _fail(store, fed.run_id, exc)
         raise
     finally:
         coordinator.close()
-    summary = summarize(fed.run_id, fed.run_dir, config, results)
+    summary = summarize(fed.run_id, fed.run_dir, config, store)
     backend = coordinator.backend
     card = model_card(
         summary,
-        results[-1],
+        store.site_rounds(fed.run_id).query(f"round == {config.rounds}"),
         config,
         backend.hyperparameters(),
         fed.model_config,
@@ -316,25 +415,40 @@ def site_summary(site: SiteData) -> dict[str, Any]:
 
 
 def summarize(
-    run_id: str, run_dir: Path, config: SimulationConfig, results: list[RoundRecord]
+    run_id: str, run_dir: Path, config: SimulationConfig, store: RunStore
 ) -> dict[str, Any]:
-    final = results[-1]
+    """The run's JSON summary, read back from the store (so a resumed run reports all rounds)."""
+    rounds = store.rounds(run_id)
+    final = store.site_rounds(run_id).query(f"round == {config.rounds}")
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),
         "algorithm": config.algorithm,
         "rounds": config.rounds,
-        "global_auc": [r.global_auc for r in results],  # index = round; 0 = before training
-        "worst_site_auc": [r.worst_site_auc for r in results],
-        "site_auc": {s.site: s.auc for s in final.sites},
-        "site_personal_auc": {s.site: s.personal_auc for s in final.sites},
-        "trained_groups": {s.site: s.trained_groups for s in results[-1].sites},
+        "global_auc": [_number(v) for v in rounds["global_auc"]],  # index = round; 0 = initial
+        "worst_site_auc": [_number(v) for v in rounds["worst_site_auc"]],
+        "site_auc": {row.site: _number(row.auc) for row in final.itertuples()},
+        "site_personal_auc": {row.site: _number(row.personal_auc) for row in final.itertuples()},
+        "trained_groups": {
+            row.site: json.loads(row.trained_groups)
+            if isinstance(row.trained_groups, str)
+            else None
+            for row in final.itertuples()
+        },
     }
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+def _integer(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)
 
 
 def model_card(
     summary: dict[str, Any],
-    final: RoundRecord,
+    final: pd.DataFrame,
     config: SimulationConfig,
     hyperparameters: dict[str, Any],
     model_config: dict[str, Any],
@@ -343,14 +457,14 @@ def model_card(
     sites = [
         {
             "site": r.site,
-            "n": r.n,
-            "positives": r.positives,
-            "n_test": r.n_test,
-            "auc": r.auc,
-            "auc_lo": r.auc_lo,
-            "auc_hi": r.auc_hi,
+            "n": _integer(r.n),
+            "positives": json.loads(r.positives) if isinstance(r.positives, str) else None,
+            "n_test": _integer(r.n_test),
+            "auc": _number(r.auc),
+            "auc_lo": _number(r.auc_lo),
+            "auc_hi": _number(r.auc_hi),
         }
-        for r in final.sites
+        for r in final.itertuples()
     ]
     return {
         "run_id": summary["run_id"],

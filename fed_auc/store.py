@@ -150,6 +150,10 @@ def _encode(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
 
 
+class StoreError(RuntimeError):
+    """The store file cannot be used (not SQLite, or not a fed-auc store)."""
+
+
 class RunStore:
     """Reads and writes the runs of one runs directory."""
 
@@ -159,9 +163,16 @@ class RunStore:
         self.path = self.runs_dir / STORE_FILE
         self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(
+                f"{self.path} is not a fed-auc run store (SQLite said: {exc}); move it aside "
+                "or choose another --runs-dir"
+            ) from None
 
     def close(self) -> None:
         self._conn.close()
@@ -228,6 +239,14 @@ class RunStore:
                 "UPDATE runs SET status = ?, ended_at = ?, summary = ? WHERE id = ?",
                 (status, time.time(), json.dumps(summary), run_id),
             )
+
+    def reopen_run(self, run_id: str, message: str) -> None:
+        """Mark a run running again (``--resume``), with an event saying from where."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE runs SET status = 'running', ended_at = NULL WHERE id = ?", (run_id,)
+            )
+            self._event(run_id, None, None, "info", message)
 
     # -- reading ------------------------------------------------------------------------
     def runs(self) -> pd.DataFrame:

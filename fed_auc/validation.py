@@ -14,9 +14,9 @@ from collections.abc import Collection
 
 import torch
 
-from fed_auc.algorithms.base import Reply, ReplyLayout
+from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout, model_part
 from fed_auc.partial import trained_part
-from fed_auc.trainable import BUFFER, Tensors
+from fed_auc.trainable import BUFFER, WEIGHT, Tensors
 
 
 class InvalidReply(ValueError):
@@ -30,6 +30,63 @@ def expected_tensors(model: Tensors, layout: ReplyLayout) -> dict[str, torch.Ten
     if layout.buffers:
         expected.update({n: t for n, t in model.items() if n.startswith(BUFFER)})
     return expected
+
+
+def validate_answer(
+    reply: object,
+    site: str,
+    request: Broadcast,
+    layout: ReplyLayout,
+    max_update_norm: float | None = None,
+    personal: Collection[str] = (),
+) -> None:
+    """Everything the coordinator checks before a node's answer may be aggregated.
+
+    The envelope first (it is a reply, from the site that was asked, to this round and phase,
+    no bigger than the layout allows), then the tensors (``validate_reply``), then the size of
+    the update ‖w_k − w‖ against the configured bound.
+    """
+    if not isinstance(reply, Reply):
+        raise InvalidReply(f"answer of site {site!r} is a {type(reply).__name__}, not a Reply")
+    if reply.site != site:
+        raise InvalidReply(f"answer to site {site!r} claims to come from site {reply.site!r}")
+    if (reply.round, reply.phase) != (request.round, request.phase):
+        raise InvalidReply(
+            f"reply from site {site!r} answers round {reply.round!r} phase {reply.phase!r}, "
+            f"but round {request.round} phase {request.phase!r} was asked"
+        )
+    model = model_part(request.tensors)
+    limit = payload_size(expected_tensors(model, layout))
+    size = payload_size(reply.tensors) if isinstance(reply.tensors, dict) else None
+    if size is None or size > limit:
+        raise InvalidReply(
+            f"reply from site {site!r}: oversized or malformed payload ({size} bytes; "
+            f"this phase's layout is {limit} bytes)"
+        )
+    validate_reply(reply, model, layout, personal)
+    if max_update_norm is not None:
+        norm = update_norm(model, reply.tensors)
+        if norm is not None and norm > max_update_norm:
+            raise InvalidReply(
+                f"reply from site {site!r}: update norm ‖w_k − w‖ = {norm:.4g} exceeds the "
+                f"bound {max_update_norm:.4g} (--max-update-norm)"
+            )
+
+
+def payload_size(tensors: dict) -> int | None:
+    """Bytes of tensor data, or None if something in it is not a tensor."""
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return None
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def update_norm(model: Tensors, returned: Tensors) -> float | None:
+    """‖w_k − w‖ over the network weights a reply returns as iterates (None if it returns none)."""
+    names = [n for n in model if n.startswith(WEIGHT) and n in returned]
+    if not names:
+        return None
+    total = sum(float((returned[n].double() - model[n].double()).pow(2).sum()) for n in names)
+    return math.sqrt(total)
 
 
 def validate_reply(

@@ -44,9 +44,13 @@ def test_codasca_run_records_every_round_and_site_and_exports_the_model(tmp_path
     run_dir = tmp_path / summary["run_id"]
     checkpoint = load_state(run_dir / "checkpoint.pt")
     assert checkpoint["round"] == 2 and checkpoint["state"]["round"] == 2
+    assert load_state(run_dir / "checkpoint.prev.pt")["round"] == 1
+    assert checkpoint["accepted"] == {site: [1, 0] for site in summary["site_auc"]}
     for site in summary["site_auc"]:  # CODASCA's c_k persisted per node
-        local = load_state(run_dir / "nodes" / site / "local_state.pt")
-        assert set(local) == {"backend", "sampler"} and local["backend"]["control"]
+        committed = load_state(run_dir / "nodes" / site / "local_state.pt")  # round 1's
+        pending = load_state(run_dir / "nodes" / site / "local_state.pending.pt")  # round 2's
+        assert set(committed) == {"tag", "backend", "sampler"} and committed["backend"]["control"]
+        assert (committed["tag"], pending["tag"]) == ([0, 0], [1, 0])
 
     exported = load_torch(summary["model_path"])
     model = model_from_config(exported["model_config"])

@@ -96,7 +96,7 @@ def _l2_distance(tmp_path, site, lam: float) -> float:
     broadcast = backend.plan(state, 0)
     broadcast.config["pos_ratio"] = [0.3]
     start = {n: t + 0.5 for n, t in broadcast.tensors.items()}  # a personal model elsewhere
-    node._restore()
+    node._local_state = {}  # a node that has trained before, with this personal model
     node._personal = {"tensors": start}
     node.train(broadcast)
     beta = node._personal["tensors"]

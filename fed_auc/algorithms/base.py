@@ -54,6 +54,8 @@ class Reply:
     num_examples: int = 0  # filled in by the node, which knows its data
     site: str = ""
     trained_groups: list[str] | None = None  # partial training: the layer groups sent; None = all
+    round: int | None = None  # the broadcast's round and phase, echoed by the node so the
+    phase: str | None = None  # coordinator can refuse a reply meant for another request
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ class Backend(ABC):
         validate_positive("lr", lr)
         if int(local_steps) != local_steps or local_steps < 1:
             raise ValueError(f"local_steps must be an integer ≥ 1, got {local_steps!r}")
-        if lr_decay < 1:
+        if not (isinstance(lr_decay, Real) and math.isfinite(lr_decay) and lr_decay >= 1):
             raise ValueError(f"lr_decay must be ≥ 1 (1 = no decay), got {lr_decay!r}")
         if int(decay_every) != decay_every or decay_every < 1:
             raise ValueError(f"decay_every must be an integer ≥ 1 step, got {decay_every!r}")

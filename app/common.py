@@ -1,0 +1,121 @@
+"""What every page shares: the runs directory, cached queries, the run picker, run banners.
+
+Queries are cached with a key that changes whenever the store is written (file mtime and
+size), so pages are fast and a live run still shows its newest round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import queries
+from app.queries import RunData
+
+RUNS_DIR_ENV = "FED_AUC_RUNS_DIR"
+RUN_KEY = "run_id"
+LIVE_REFRESH_S = 5.0
+STALE_S = 600.0  # a "running" run silent for this long has probably lost its coordinator
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get(RUNS_DIR_ENV, "runs"))
+
+
+@st.cache_data(ttl=600, show_spinner=False)
+def _runs(directory: str, version: float) -> pd.DataFrame:
+    return queries.runs(directory)
+
+
+@st.cache_data(ttl=600, show_spinner=False, max_entries=32)
+def _run_data(directory: str, run_id: str, version: float) -> RunData:
+    return queries.run_data(directory, run_id)
+
+
+def load_runs() -> pd.DataFrame | None:
+    """All runs, or None when the runs directory has no store yet."""
+    directory = runs_dir()
+    if not queries.store_path(directory).exists():
+        return None
+    return _runs(str(directory), queries.store_version(directory))
+
+
+def load_run(run_id: str) -> RunData:
+    directory = runs_dir()
+    return _run_data(str(directory), run_id, queries.store_version(directory))
+
+
+def run_picker() -> None:
+    """Sidebar select box of runs (algorithm · status · start · id), newest first."""
+    runs = load_runs()
+    st.sidebar.caption(f"Run store: `{queries.store_path(runs_dir())}`")
+    if runs is None or runs.empty:
+        return
+    labels = dict(zip(runs["id"], runs["label"], strict=True))
+    if st.session_state.get(RUN_KEY) not in labels:
+        st.session_state.pop(RUN_KEY, None)
+    st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key=RUN_KEY)
+
+
+def current_run() -> RunData:
+    """The picked run, after a banner for failed and live runs; stops the page with a message
+    when there is nothing to show yet."""
+    runs = load_runs()
+    if runs is None:
+        st.info(
+            f"No run store in `{runs_dir()}` yet. Start a federation, e.g. "
+            f"`fed-auc demo --runs-dir {runs_dir()}`, then reload."
+        )
+        st.stop()
+    if runs.empty:
+        st.info(f"The run store in `{runs_dir()}` has no runs yet.")
+        st.stop()
+    run_id = st.session_state.get(RUN_KEY) or runs["id"].iloc[0]
+    data = load_run(run_id)
+    status_banner(data)
+    if data.rounds.empty:
+        st.info("No round recorded yet: the run has started, its first evaluation is pending.")
+        st.stop()
+    return data
+
+
+def status_banner(data: RunData) -> None:
+    run = data.run
+    done = data.rounds["round"].max() if not data.rounds.empty else None
+    planned = data.planned_rounds
+    progress = f"round {done if done is not None else '–'} of {planned or '?'}"
+    st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
+    if run["status"] == "failed":
+        error = (run.get("summary") or {}).get("error", "no error message recorded")
+        st.error(f"Run {run['id']} failed at {progress}: {error}")
+    elif run["status"] == "running":
+        last_write = data.rounds["finished_at"].max() if done is not None else run["started_at"]
+        silent = time.time() - last_write
+        if silent > STALE_S:
+            st.warning(
+                f"Run {run['id']} is marked running but has recorded nothing for "
+                f"{silent / 60:.0f} min ({progress}): its coordinator may have stopped."
+            )
+        else:
+            st.info(f"Run {run['id']} is live: {progress}.")
+
+
+def page(body: Callable[[RunData], None]) -> None:
+    """Render a page's body for the picked run; re-rendered every few seconds while it is live."""
+
+    def render() -> None:
+        body(current_run())
+
+    runs = load_runs()
+    picked = st.session_state.get(RUN_KEY)
+    live = runs is not None and not runs.empty and picked is not None
+    live = live and (runs.loc[runs["id"] == picked, "status"] == "running").any()
+    if live:
+        st.fragment(render, run_every=LIVE_REFRESH_S)()
+    else:
+        render()

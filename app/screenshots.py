@@ -1,0 +1,125 @@
+"""Drive the running dashboard in real Chromium: visit every page, move the ROC threshold with
+the keyboard, save one screenshot per page. Used by the browser test and for docs/:
+
+    python -m app.screenshots --runs-dir /tmp/demo-runs --out docs
+
+Streamlit renders over a websocket, so every step waits for a selector, never for a fixed time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+PAGES = ("Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC")
+TITLES = {"Compare": "Compare runs"}
+TIMEOUT_MS = 60_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
+    """``fed-auc dashboard`` on a free loopback port; yields its URL once it answers."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "fed_auc.cli", "dashboard", "--runs-dir", str(runs_dir)]
+    process = subprocess.Popen(
+        [*command, "--port", str(port)],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    error = process.stderr.read().decode() if process.poll() is not None else ""
+                    raise RuntimeError(f"dashboard did not start on {url}: {error}") from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def capture(
+    url: str, out_dir: str | Path, run_id: str | None = None, threshold_steps: int = -20
+) -> dict[str, str]:
+    """Visit every page (picking ``run_id`` first if given); returns each page's visible text.
+
+    On the ROC page the slider moves ``threshold_steps`` steps of 0.01 with the arrow keys.
+    """
+    from playwright.sync_api import sync_playwright
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.get_by_role("heading", name="Overview").wait_for()
+        if run_id is not None:
+            page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').click()
+            page.get_by_role("option", name=run_id).click()
+            page.get_by_text(f"Run {run_id} ·").wait_for()
+        for name in PAGES:
+            nav = page.locator('[data-testid="stSidebarNav"]')
+            nav.get_by_role("link", name=name, exact=True).click()
+            page.get_by_role("heading", name=TITLES.get(name, name)).wait_for()
+            if name == "ROC":
+                slider = page.get_by_role("slider")
+                slider.focus()
+                key = "ArrowLeft" if threshold_steps < 0 else "ArrowRight"
+                for _ in range(abs(threshold_steps)):
+                    page.keyboard.press(key)
+                value = 0.5 + threshold_steps / 100
+                page.get_by_text(f"At threshold {value:.2f}").wait_for()
+            wait_until_idle(page)
+            page.screenshot(path=str(out / f"{name.lower()}.png"), full_page=True)
+            texts[name] = page.locator('[data-testid="stMain"]').inner_text()
+        browser.close()
+    return texts
+
+
+def wait_until_idle(page) -> None:
+    """Until Streamlit's "running" indicator and every loading skeleton are gone."""
+    page.wait_for_function(
+        """() => !document.querySelector('[data-testid="stStatusWidget"]')
+              && !document.querySelector('[data-testid="stSkeleton"]')"""
+    )
+    page.wait_for_timeout(500)  # vega-lite draws its canvas after the DOM settles
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs-dir", required=True)
+    parser.add_argument("--out", default="docs")
+    parser.add_argument("--run-id", help="run to show (default: the newest)")
+    args = parser.parse_args()
+    with serve(args.runs_dir) as url:
+        for name in capture(url, args.out, args.run_id):
+            print(Path(args.out) / f"{name.lower()}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The tables the pages show, derived from one run's rows. Pure pandas, no Streamlit.
+
+Each function says what a reader of the page gets, so tests can recompute the same numbers
+from the store and compare.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from app.queries import RunData
+
+UNDEFINED = "AUC undefined"
+STATUSES = ["completed", "selected", "idle", "dropped", "rejected", "error", "initial"]
+
+
+def label_names(data: RunData) -> list[str]:
+    """Label names from the data cards, or label_0… from the number of labels in the config."""
+    for summary in data.sites["summary"]:
+        if isinstance(summary, dict) and summary.get("label_names"):
+            return list(summary["label_names"])
+    return [f"label_{i}" for i in range(int((data.run["config"] or {}).get("num_labels", 1)))]
+
+
+def evaluated_rounds(data: RunData) -> list[int]:
+    """Rounds where at least one site has a test AUC or an undefined-AUC note."""
+    rows = data.site_rounds
+    has_eval = rows["n_test"].notna()
+    return sorted(rows.loc[has_eval, "round"].unique().tolist())
+
+
+def _prevalence(positives: Any, n: Any, label: int) -> float | None:
+    if not isinstance(positives, list) or label >= len(positives) or not n:
+        return None
+    return positives[label] / n
+
+
+def site_table(data: RunData, round_: int) -> pd.DataFrame:
+    """Per site at one round: AUC with 95 % CI, counts, prevalence, last round it trained."""
+    rows = data.site_rounds
+    at = rows[rows["round"] == round_].set_index("site")
+    trained = rows[rows["status"] == "completed"].groupby("site")["round"].max()
+    names = label_names(data)
+    out = []
+    for site, row in at.iterrows():
+        metrics = row["metrics"] or {}
+        undefined = "; ".join(metrics.get("undefined") or [])
+        entry = {
+            "site": site,
+            "AUC": row["auc"],
+            "CI low": row["auc_lo"],
+            "CI high": row["auc_hi"],
+            "note": undefined or ("" if pd.notna(row["auc"]) else UNDEFINED),
+            "n test": row["n_test"],
+            "n train": _train_n(data, site, row),
+        }
+        for j, name in enumerate(names):
+            key = "prevalence" if len(names) == 1 else f"prevalence ({name})"
+            entry[key] = _prevalence(row["test_positives"], row["n_test"], j)
+        entry["personal AUC"] = row["personal_auc"]
+        entry["last round trained"] = trained.get(site)
+        out.append(entry)
+    table = pd.DataFrame(out)
+    if table.empty or table["personal AUC"].isna().all():
+        table = table.drop(columns=["personal AUC"], errors="ignore")
+    return table
+
+
+def _train_n(data: RunData, site: str, row: pd.Series) -> float | None:
+    if pd.notna(row["n"]):
+        return row["n"]
+    card = data_cards(data)
+    if "train.n" in card and site in card.index:
+        return card.loc[site, "train.n"]
+    return None
+
+
+def data_cards(data: RunData) -> pd.DataFrame:
+    """The sites table's summaries flattened to dotted columns (train.intensity_mean, …)."""
+    summaries = [s if isinstance(s, dict) else {} for s in data.sites["summary"]]
+    if not summaries:
+        return pd.DataFrame()
+    flat = pd.json_normalize(summaries)
+    flat.index = data.sites["site"].tolist()
+    flat.index.name = "site"
+    return flat
+
+
+def heterogeneity_table(data: RunData) -> pd.DataFrame:
+    """Per site: train prevalence per label and intensity mean/std per split, where present."""
+    cards = data_cards(data)
+    out = pd.DataFrame(index=cards.index)
+    names = label_names(data)
+    if {"train.n", "train.positives"} <= set(cards.columns):
+        for j, name in enumerate(names):
+            key = "prevalence" if len(names) == 1 else f"prevalence ({name})"
+            out[key] = [
+                _prevalence(p, n, j)
+                for p, n in zip(cards["train.positives"], cards["train.n"], strict=True)
+            ]
+    for split in ("train", "val", "test"):
+        for stat in ("intensity_mean", "intensity_std"):
+            column = f"{split}.{stat}"
+            if column in cards:
+                out[f"{split} {stat.replace('_', ' ')}"] = cards[column]
+    return out
+
+
+def similarity(features: pd.DataFrame) -> pd.DataFrame:
+    """Site × site similarity 1 / (1 + d) with d the RMS distance of z-scored features.
+
+    Features that do not vary across sites carry no information and are dropped; 1 on the
+    diagonal, towards 0 for sites far apart in prevalence and intensity.
+    """
+    numeric = features.apply(pd.to_numeric, errors="coerce").dropna(axis=1, how="any")
+    spread = numeric.std(ddof=0)
+    z = (numeric.loc[:, spread > 0] - numeric.mean()) / spread
+    z = z.dropna(axis=1)
+    if z.shape[1] == 0:
+        return pd.DataFrame()
+    diff = z.values[:, None, :] - z.values[None, :, :]
+    distance = np.sqrt((diff**2).mean(axis=2))
+    return pd.DataFrame(1 / (1 + distance), index=z.index, columns=z.index)
+
+
+def participation(data: RunData) -> pd.DataFrame:
+    """Round × site status with the number of trained layer groups (None = whole model)."""
+    rows = data.site_rounds[data.site_rounds["round"] > 0]
+    groups = rows["trained_groups"].map(lambda g: len(g) if isinstance(g, list) else None)
+    return pd.DataFrame(
+        {
+            "round": rows["round"],
+            "site": rows["site"],
+            "status": rows["status"],
+            "trained groups": groups,
+            "steps": rows["steps"],
+        }
+    )
+
+
+def bytes_per_round(data: RunData) -> pd.DataFrame:
+    """MB down and up per round (long format for a stacked bar chart)."""
+    rounds = data.rounds[data.rounds["round"] > 0]
+    frame = pd.DataFrame(
+        {
+            "round": rounds["round"],
+            "down": rounds["bytes_down"].fillna(0) / 1e6,
+            "up": rounds["bytes_up"].fillna(0) / 1e6,
+        }
+    )
+    return frame.melt("round", var_name="direction", value_name="MB")
+
+
+def roc_round(data: RunData) -> int | None:
+    """The latest round whose site rows carry ROC points."""
+    rows = data.site_rounds
+    has = rows["metrics"].map(lambda m: isinstance(m, dict) and bool(m.get("roc")))
+    return int(rows.loc[has, "round"].max()) if has.any() else None
+
+
+def roc_curves(data: RunData, round_: int, label: int) -> dict[str, dict[str, Any]]:
+    """Per site, the stored ROC points of one label at one round."""
+    rows = data.site_rounds[data.site_rounds["round"] == round_]
+    curves = {}
+    for site, metrics in zip(rows["site"], rows["metrics"], strict=True):
+        roc = (metrics or {}).get("roc") or []
+        if label < len(roc):
+            curves[site] = roc[label]
+    return curves
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a metric card, or "n/a" for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"

@@ -1,0 +1,87 @@
+"""Heterogeneity: how different are the sites — data, updates, local work."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app import common
+from app.queries import RunData
+from app.tables import heterogeneity_table, similarity
+
+
+def _line(frame: pd.DataFrame, column: str, title: str) -> alt.Chart:
+    return (
+        alt.Chart(frame.dropna(subset=[column]))
+        .mark_line(point=True)
+        .encode(
+            x="round:Q",
+            y=alt.Y(f"{column}:Q", title=title),
+            color="site:N",
+            tooltip=["round", "site", alt.Tooltip(f"{column}:Q", format=".3f")],
+        )
+    )
+
+
+def body(data: RunData) -> None:
+    st.title("Heterogeneity")
+    st.subheader("Data per site")
+    table = heterogeneity_table(data)
+    if table.empty and data.sites.empty:
+        st.info("No data cards recorded for this run.")
+    else:
+        st.dataframe(table, width="stretch")
+        if not any("intensity" in c for c in table.columns):
+            st.caption("No intensity statistics in this run's data cards.")
+        with st.expander("Full data-card summaries"):
+            st.json({s: c for s, c in zip(data.sites["site"], data.sites["summary"], strict=True)})
+
+    matrix = similarity(table)
+    if not matrix.empty:
+        st.subheader("Site × site similarity")
+        st.caption(
+            "1 / (1 + d), d = RMS distance between the sites' z-scored prevalence and intensity "
+            "statistics above: 1 = alike, towards 0 = far apart."
+        )
+        long = matrix.rename_axis("site").reset_index()
+        long = long.melt("site", var_name="other", value_name="similarity")
+        heat = (
+            alt.Chart(long)
+            .mark_rect()
+            .encode(
+                x=alt.X("other:N", title=None),
+                y=alt.Y("site:N", title=None),
+                color=alt.Color("similarity:Q", scale=alt.Scale(domain=[0, 1])),
+                tooltip=["site", "other", alt.Tooltip("similarity:Q", format=".2f")],
+            )
+            .properties(height=40 * len(matrix))
+        )
+        st.altair_chart(heat, width="stretch")
+
+    trained = data.site_rounds[data.site_rounds["round"] > 0]
+    if trained["drift"].notna().any():
+        st.subheader("Update drift and cosine to the mean update")
+        cols = st.columns(2)
+        cols[0].altair_chart(_line(trained, "drift", "‖Δw_k − mean Δw‖"), width="stretch")
+        cols[1].altair_chart(_line(trained, "cosine", "cos(Δw_k, mean Δw)"), width="stretch")
+    else:
+        st.info("No update signals recorded yet (no trained round).")
+    steps = trained.dropna(subset=["steps"])
+    if not steps.empty:
+        st.subheader("Local steps per site")
+        summary = steps.groupby("site")["steps"].agg(["count", "sum", "mean", "min", "max"])
+        summary.columns = ["rounds trained", "total steps", "mean", "min", "max"]
+        st.dataframe(summary, width="stretch")
+        heat = (
+            alt.Chart(steps)
+            .mark_rect()
+            .encode(
+                x=alt.X("round:O"),
+                y=alt.Y("site:N", title=None),
+                color=alt.Color("steps:Q", title="local steps"),
+                tooltip=["round", "site", "steps"],
+            )
+        )
+        st.altair_chart(heat, width="stretch")
+
+
+common.page(body)

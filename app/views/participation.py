@@ -1,0 +1,91 @@
+"""Participation: who took part in each round, who dropped, what it cost in bytes."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app import common
+from app.queries import RunData
+from app.tables import STATUSES, bytes_per_round, participation
+
+COLORS = ["#2e7d32", "#90caf9", "#e0e0e0", "#f9a825", "#ef6c00", "#c62828", "#9e9e9e"]
+
+
+def body(data: RunData) -> None:
+    st.title("Participation")
+    grid = participation(data)
+    if grid.empty:
+        st.info("No training round recorded yet: only the initial evaluation.")
+    else:
+        counts = grid["status"].value_counts()
+        cols = st.columns(4)
+        for col, status in zip(cols, ["completed", "dropped", "rejected", "error"], strict=True):
+            col.metric(status.capitalize(), int(counts.get(status, 0)))
+        st.subheader("Round × site status")
+        heat = (
+            alt.Chart(grid)
+            .mark_rect()
+            .encode(
+                x=alt.X("round:O"),
+                y=alt.Y("site:N", title=None),
+                color=alt.Color(
+                    "status:N", scale=alt.Scale(domain=STATUSES, range=COLORS), title="status"
+                ),
+                tooltip=["round", "site", "status", "steps", "trained groups"],
+            )
+        )
+        st.altair_chart(heat, width="stretch")
+        partial = grid.dropna(subset=["trained groups"])
+        if partial.empty:
+            st.caption("Every site that trained trained the whole model (no partial training).")
+        else:
+            st.subheader("Trained depth (layer groups) of each site")
+            depth = (
+                alt.Chart(partial)
+                .mark_rect()
+                .encode(
+                    x="round:O",
+                    y=alt.Y("site:N", title=None),
+                    color=alt.Color("trained groups:Q", title="groups trained"),
+                    tooltip=["round", "site", "trained groups"],
+                )
+            )
+            st.altair_chart(depth, width="stretch")
+        st.subheader("Per site")
+        per_site = grid.pivot_table(
+            index="site", columns="status", values="round", aggfunc="count", fill_value=0
+        )
+        st.dataframe(per_site, width="stretch")
+
+    traffic = bytes_per_round(data)
+    if not traffic.empty:
+        total = traffic.groupby("direction")["MB"].sum()
+        st.subheader(f"Traffic: {total.get('down', 0):.1f} MB down, {total.get('up', 0):.1f} MB up")
+        bars = (
+            alt.Chart(traffic)
+            .mark_bar()
+            .encode(
+                x="round:O",
+                y=alt.Y("MB:Q", stack=True),
+                color="direction:N",
+                tooltip=["round", "direction", alt.Tooltip("MB:Q", format=".2f")],
+            )
+        )
+        st.altair_chart(bars, width="stretch")
+
+    st.subheader("Events")
+    events = data.events
+    if events.empty:
+        st.caption("No events recorded.")
+        return
+    levels = st.multiselect(
+        "Levels", ["info", "warning", "error"], default=["info", "warning", "error"]
+    )
+    shown = events[events["level"].isin(levels)].copy()
+    shown["time"] = pd.to_datetime(shown["time"], unit="s").dt.strftime("%Y-%m-%d %H:%M:%S")
+    st.dataframe(
+        shown[["time", "round", "site", "level", "message"]], hide_index=True, width="stretch"
+    )
+
+
+common.page(body)

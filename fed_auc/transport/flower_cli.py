@@ -1,0 +1,106 @@
+"""``fed-auc coordinator``, ``fed-auc node`` and ``fed-auc certs``: arguments and checks."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
+    c.add_argument("--config", type=Path, required=True, help="experiment TOML with [flower]")
+    c.add_argument("--rounds", type=int, help="override the config's rounds")
+    c.add_argument("--runs-dir", help="override the config's runs_dir")
+    c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
+
+    n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
+    n.add_argument("--site", type=Path, required=True, help="site TOML with a [node] table")
+    n.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    n.add_argument("--root-certificates", type=Path, help="the federation's CA (ca.pem)")
+    n.add_argument("--auth-key", type=Path, help="this site's private key (keys/<site>.key)")
+    n.add_argument("--insecure", action="store_true", help="no TLS, no key (loopback tests)")
+
+    k = sub.add_parser("certs", help="make a pilot CA, server certificate and site keys")
+    k.add_argument("--out", type=Path, default=Path("certs"), help="output folder (certs)")
+    k.add_argument("--site", action="append", required=True, help="site name (repeatable)")
+    k.add_argument("--host", action="append", default=[], help="coordinator DNS name or IP")
+
+
+def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The simulate options plus a ``[flower]`` table, validated before anything starts."""
+    from fed_auc.simulation import SimulationConfig
+    from fed_auc.transport.flower_server import FlowerSettings
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"fed-auc coordinator: cannot read config {path}: {exc}") from None
+    flower = data.pop("flower", None)
+    if not isinstance(flower, dict):
+        raise SystemExit(f"fed-auc coordinator: config {path}: missing [flower] table")
+    fields = {f.name for f in dataclasses.fields(SimulationConfig)}
+    flower_fields = {f.name for f in dataclasses.fields(FlowerSettings)}
+    for table, keys, valid in (("", data, fields), ("[flower] ", flower, flower_fields)):
+        unknown = sorted(set(keys) - valid)
+        if unknown:
+            raise SystemExit(
+                f"fed-auc coordinator: config {path}: unknown {table}key(s) {unknown}; "
+                f"valid: {sorted(valid)}"
+            )
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if flower.get("certs_dir") is not None:  # relative to the config file
+        flower["certs_dir"] = str((path.parent / flower["certs_dir"]).resolve())
+    try:
+        config = SimulationConfig(**data)
+        settings = FlowerSettings(**flower)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"fed-auc coordinator: config {path}: {exc}") from None
+    config.runs_dir = str(Path(config.runs_dir).resolve())
+    return {"simulation": config.to_dict(), "flower": dataclasses.asdict(settings)}
+
+
+def coordinator(args: argparse.Namespace) -> dict[str, Any]:
+    from fed_auc.transport.flower_launch import run_coordinator
+
+    overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir}
+    experiment = load_experiment(args.config, overrides)
+    work_dir = Path(experiment["simulation"]["runs_dir"]) / "flower"
+    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    summary = run_coordinator(experiment, work_dir, echo)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"run {summary['run_id']} completed; final pooled AUC {summary['global_auc'][-1]}")
+    return summary
+
+
+def node(args: argparse.Namespace) -> int:
+    from fed_auc.transport.flower_launch import run_node
+    from fed_auc.transport.flower_worker import SiteConfig
+
+    if not args.insecure and (args.root_certificates is None or args.auth_key is None):
+        raise SystemExit(
+            "fed-auc node: give --root-certificates (the CA) and --auth-key (the site key), "
+            "or --insecure for a loopback test"
+        )
+    for option in ("root_certificates", "auth_key"):
+        path = getattr(args, option)
+        if path is not None and not path.is_file():
+            raise SystemExit(f"fed-auc node: --{option.replace('_', '-')} {path}: no such file")
+    try:
+        site = SiteConfig.from_toml(args.site)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"fed-auc node: {exc}") from None
+    return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
+
+
+def certs(args: argparse.Namespace) -> None:
+    from fed_auc.transport.flower_certs import make_certs
+
+    out = make_certs(args.out, args.site, args.host)
+    print(f"CA, server certificate and keys for {args.site} in {out}")

@@ -1,0 +1,275 @@
+"""Starting the Flower processes behind ``fed-auc coordinator`` and ``fed-auc node``.
+
+Coordinator: a SuperLink (TLS, node authentication), the site keys registered through its
+Control API, then the fed-auc Flower app submitted with ``flwr run``; the ServerApp runs the
+experiment and leaves a summary file. Node: the long-lived node worker in this process and a
+SuperNode child whose ClientApps relay to it. Flower's own CLIs do the work (``flwr``,
+``flower-superlink``, ``flower-supernode``); they spawn ``flower-superexec`` by name, so the
+environment's ``bin`` is put on PATH.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Listener
+from pathlib import Path
+from typing import Any
+
+from fed_auc.transport import flower_client
+from fed_auc.transport.flower_server import FlowerSettings
+from fed_auc.transport.flower_worker import NodeWorker, SiteConfig, new_authkey, serve
+
+CONNECTION = "fedauc"
+RESTART_DELAY_S = 5.0
+
+APP_PYPROJECT = """\
+# Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedauc"
+version = "0.1.0"
+description = "fed-auc: federated deep AUC maximization (coordinator and hospital nodes)"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "fedauc"
+
+[tool.flwr.app.components]
+serverapp = "fedauc_server:server_app"
+clientapp = "fedauc_client:app"
+
+[tool.flwr.app.config]
+experiment-file = ""
+"""
+
+SERVER_MODULE = (
+    '"""fed-auc ServerApp (the coordinator): see fed_auc.transport.flower_server."""\n'
+    "import fed_auc.transport.flower_server as _server\n\n"
+    "server_app = _server.server_app\n"
+)
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    """Environment for Flower's processes: our bin on PATH, telemetry off, own FLWR_HOME."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # no network: the check would only wait
+    env["FLWR_HOME"] = str(home)
+    return env
+
+
+def write_app(app_dir: Path) -> Path:
+    """The Flower app: its pyproject, the thin ClientApp (stdlib + Flower) and the ServerApp."""
+    app_dir.mkdir(parents=True, exist_ok=True)
+    (app_dir / "pyproject.toml").write_text(APP_PYPROJECT)
+    shutil.copyfile(flower_client.__file__, app_dir / "fedauc_client.py")
+    (app_dir / "fedauc_server.py").write_text(SERVER_MODULE)
+    return app_dir
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the SuperNode gets SIGTERM if ``fed-auc node`` dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    """SIGTERM a child's process group (a SuperNode and the SuperExec it spawned)."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def wait_for_port(address: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process {process.args[0]} exited with {process.returncode}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {address} after {timeout:g} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- coordinator --------------------------------------------------------------------------
+def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> dict[str, Any]:
+    """Start the SuperLink, register the site keys, run the app; return the run summary."""
+    settings = FlowerSettings(**experiment["flower"])
+    work_dir = work_dir.resolve()
+    home = work_dir / "flwr_home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = flower_env(home)
+    certs = None if settings.insecure else Path(settings.certs_dir).resolve()
+    _write_connection(home, settings.address, certs)
+    host, port = settings.address.rsplit(":", 1)
+    command = [
+        "flower-superlink",
+        "--host",
+        host,
+        "--port",
+        port,
+        "--disable-runtime-dependency-installation",
+        "--database",
+        str(work_dir / "superlink.db"),
+    ]
+    if certs is None:
+        command.append("--insecure")
+    else:
+        command += ["--ssl-ca-certfile", str(certs / "ca.pem")]
+        command += ["--ssl-certfile", str(certs / "server.pem")]
+        command += ["--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]
+    experiment_file = work_dir / "experiment.json"
+    summary_file = work_dir / "summary.json"
+    summary_file.unlink(missing_ok=True)
+    experiment_file.write_text(json.dumps({**experiment, "summary_file": str(summary_file)}))
+    with open(work_dir / "superlink.log", "ab") as log:
+        superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(settings.address, 60, superlink)
+        if certs is not None:
+            for key in register_keys(home, certs / "keys"):
+                echo(f"registered site key {key}")
+        app = write_app(work_dir / "app")
+        overrides = f'experiment-file="{experiment_file}"'
+        run = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config", overrides]
+        stream = subprocess.Popen(
+            run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for line in stream.stdout:
+            echo(line.rstrip())
+        if stream.wait() != 0:
+            raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
+    finally:
+        superlink.terminate()
+        superlink.wait(timeout=30)
+    if not summary_file.exists():
+        raise RuntimeError(
+            f"the Flower run ended without a result; see {work_dir / 'superlink.log'} "
+            "and the run's events in the store"
+        )
+    return json.loads(summary_file.read_text())
+
+
+def _write_connection(home: Path, address: str, certs: Path | None) -> None:
+    """The ``flwr`` CLI's connection to our SuperLink (in our own FLWR_HOME)."""
+    security = "insecure = true" if certs is None else f'root-certificates = "{certs / "ca.pem"}"'
+    text = f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+    (home / "config.toml").write_text(text + f'address = "{address}"\n{security}\n')
+
+
+def register_keys(home: Path, keys_dir: Path) -> list[str]:
+    """Register every ``<site>.pub`` with the SuperLink: only these nodes may join.
+
+    Through the Control API client the ``flwr supernode register`` command uses, in this
+    process: one ``flwr`` process per key costs tens of seconds of start-up on a busy machine.
+    """
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.proto.control_pb2 import RegisterNodeRequest
+
+    os.environ["FLWR_HOME"] = str(home)
+    client = init_http_client_from_connection(read_superlink_connection(CONNECTION))
+    try:
+        names = []
+        for path in sorted(keys_dir.glob("*.pub")):
+            key = try_load_public_key(path)
+            client.RegisterNode(RegisterNodeRequest(public_key=key, name=path.stem))
+            names.append(path.name)
+        return names
+    finally:
+        client.close()
+
+
+# -- node ---------------------------------------------------------------------------------
+def run_node(
+    site: SiteConfig,
+    coordinator: str,
+    root_certificates: Path | None,
+    auth_key: Path | None,
+    echo=print,
+) -> int:
+    """Serve the site until stopped (SIGTERM / Ctrl-C); the SuperNode is restarted if it exits."""
+    state_dir = site.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    authkey_file = state_dir / "worker.key"
+    authkey = new_authkey(authkey_file)
+    # A short path: Unix socket names are limited to ~100 bytes.
+    address = tempfile.mktemp(prefix=f"fed-auc-{site.name[:20]}-", suffix=".sock")
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    worker = NodeWorker(site)
+    command = ["flower-supernode", "--superlink", coordinator, "--port", str(free_port())]
+    if root_certificates is None:
+        command.append("--insecure")
+    else:
+        command += ["--root-certificates", str(Path(root_certificates).resolve())]
+    if auth_key is not None:
+        command += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
+    node_config = f'worker-socket="{address}" worker-key="{authkey_file}" site="{site.name}"'
+    command += ["--node-config", node_config]
+    env = flower_env(state_dir / "flwr_home")
+    stopping = threading.Event()
+    supernode: subprocess.Popen | None = None
+
+    def supervise() -> None:
+        """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""
+        nonlocal supernode
+        while not stopping.is_set():
+            with open(state_dir / "supernode.log", "ab") as log:
+                supernode = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    start_new_session=True,  # its process group: the SuperExec it starts too
+                )
+            supernode.wait()
+            _kill_group(supernode.pid)
+            if not stopping.is_set():
+                echo(f"{site.name}: SuperNode exited with {supernode.returncode}; restarting")
+                stopping.wait(RESTART_DELAY_S)
+
+    threading.Thread(target=supervise, daemon=True).start()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
+    echo(f"{site.name}: node up (state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")
+    try:
+        serve(worker, listener)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listener.close()
+        stopping.set()
+        if supernode is not None:
+            _kill_group(supernode.pid)
+            supernode.wait(timeout=30)
+        Path(address).unlink(missing_ok=True)
+    echo(f"{site.name}: node stopped")
+    return 0

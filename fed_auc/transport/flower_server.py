@@ -1,0 +1,270 @@
+"""The Flower ServerApp: fed-auc's coordinator driving nodes through Flower messages.
+
+``FlowerTransport`` is the Flower twin of ``LocalTransport`` (register, train, evaluate), with
+deadlines: a site that does not answer in time is a ``dropped`` NodeFailure, a Flower error
+reply an ``error`` one, and the round goes on with the rest as long as at least ``min_nodes``
+answered. The round loop itself is ``fed_auc.coordinator.Coordinator``, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Context, Message
+from flwr.serverapp import Grid, ServerApp
+
+from fed_auc.algorithms import build_backend
+from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.coordinator import Coordinator, FederationError
+from fed_auc.export import export_model
+from fed_auc.losses import build_loss
+from fed_auc.models import build_model
+from fed_auc.node import Evaluation
+from fed_auc.simulation import SimulationConfig, _fail, git_revision, model_card, summarize
+from fed_auc.store import RoundRecord, RunStore
+from fed_auc.trainable import Tensors, Trainable
+from fed_auc.transport.base import NodeFailure
+from fed_auc.transport.flower_client import frame_content, message_frame
+from fed_auc.transport.flower_codec import (
+    Frame,
+    broadcast_frame,
+    frame_evaluation,
+    frame_reply,
+    tensor_frame,
+)
+
+
+@dataclass
+class FlowerSettings:
+    """The ``[flower]`` table of an experiment config."""
+
+    address: str = "127.0.0.1:9092"  # SuperLink host:port (Fleet, Control and Runtime APIs)
+    min_nodes: int = 1  # k: fewest sites to start and to complete a round with
+    register_timeout_s: float = 300.0  # how long to wait for the expected sites at the start
+    round_timeout_s: float = 600.0  # deadline of a training phase
+    eval_timeout_s: float = 300.0  # deadline of an evaluation
+    pooled_scoring: bool = False  # per-image scores leave the sites only if this is on
+    certs_dir: str | None = None  # from `fed-auc certs`: TLS and the registered site keys
+    insecure: bool = False  # no TLS, no node keys: loopback experiments only
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.min_nodes, int) or self.min_nodes < 1:
+            raise ValueError(f"[flower] min_nodes must be an integer ≥ 1, got {self.min_nodes!r}")
+        for name in ("register_timeout_s", "round_timeout_s", "eval_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"[flower] {name} must be a number > 0, got {value!r}")
+        if not self.insecure and self.certs_dir is None:
+            raise ValueError("[flower] needs certs_dir (from `fed-auc certs`) or insecure = true")
+
+
+class FlowerTransport:
+    """Requests to the sites' Flower nodes; sites are known by name, node ids may change."""
+
+    def __init__(self, grid: Grid, setup: dict[str, Any], expected: int, settings: FlowerSettings):
+        self.grid = grid
+        self.setup = setup
+        self.expected = expected
+        self.settings = settings
+        self.node_of: dict[str, int] = {}  # site → its current Flower node id
+        self.registrations: dict[str, dict[str, Any]] = {}
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self._answers: dict[str, dict[str, Any]] = {}  # site → its latest register answer
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.registrations)
+
+    def register(self) -> dict[str, dict[str, Any]]:
+        """Wait for the expected sites (at least ``min_nodes``), in federation index order."""
+        if self.registrations:
+            return self.registrations
+        deadline = time.monotonic() + self.settings.register_timeout_s
+        while len(self.node_of) < self.expected and time.monotonic() < deadline:
+            self._discover(timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+            time.sleep(0.5)
+        if len(self.node_of) < self.settings.min_nodes:
+            raise FederationError(
+                f"only {len(self.node_of)} site(s) joined within "
+                f"{self.settings.register_timeout_s:g} s ({sorted(self.node_of)}); "
+                f"min_nodes = {self.settings.min_nodes}"
+            )
+        order = sorted(self._answers, key=lambda s: self._answers[s]["registration"]["index"])
+        for site in order:
+            self.registrations[site] = self._answers[site]["registration"]
+            self.summaries[site] = self._answers[site]["summary"]
+        return self.registrations
+
+    def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
+        frames = {site: broadcast_frame(b, self.setup) for site, b in requests.items()}
+        answers = self._ask(frames, "train", self.settings.round_timeout_s)
+        return {
+            site: answer if isinstance(answer, NodeFailure) else _decode(site, frame_reply, answer)
+            for site, answer in answers.items()
+        }
+
+    def evaluate(
+        self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
+    ) -> dict[str, Evaluation | NodeFailure]:
+        header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
+        frame = tensor_frame(header, tensors)
+        timeout = self.settings.eval_timeout_s
+        answers = self._ask({site: frame for site in sites}, "evaluate", timeout)
+        return {
+            site: a if isinstance(a, NodeFailure) else _decode(site, frame_evaluation, a)
+            for site, a in answers.items()
+        }
+
+    # -- messaging ------------------------------------------------------------------------
+    def _ask(
+        self, frames: Mapping[str, Frame], kind: str, timeout: float
+    ) -> dict[str, Frame | NodeFailure]:
+        """Send each site its frame; whoever has not answered by the deadline is dropped."""
+        self._discover(timeout=min(timeout, 30.0))
+        answers: dict[str, Frame | NodeFailure] = {}
+        messages = []
+        for site, (header, buffers) in frames.items():
+            if site not in self.node_of:
+                answers[site] = NodeFailure(site, "dropped", "node not connected")
+                continue
+            content = frame_content(header, buffers)
+            messages.append(
+                Message(content, dst_node_id=self.node_of[site], message_type=kind, ttl=timeout)
+            )
+        site_of = {node: site for site, node in self.node_of.items()}
+        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+            site = site_of.get(reply.metadata.src_node_id)
+            if site is None:
+                continue
+            if reply.has_error():
+                answers[site] = NodeFailure(site, "error", reply.error.reason)
+            else:
+                answers[site] = message_frame(reply.content)
+        for site in frames:
+            answers.setdefault(
+                site, NodeFailure(site, "dropped", f"no answer within {timeout:g} s")
+            )
+        done = sum(not isinstance(a, NodeFailure) for a in answers.values())
+        if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
+            raise FederationError(
+                f"{done} of {len(frames)} sites answered by the deadline; "
+                f"min_nodes = {self.settings.min_nodes}"
+            )
+        return {site: answers[site] for site in frames}
+
+    def _discover(self, timeout: float) -> None:
+        """Ask nodes we do not know yet which site they serve (a restarted node reappears)."""
+        known = set(self.node_of.values())
+        new = [node for node in self.grid.get_node_ids() if node not in known]
+        if not new:
+            return
+        header = {"kind": "register", "setup": self.setup}
+        messages = [
+            Message(frame_content(header, []), dst_node_id=n, message_type="query", ttl=timeout)
+            for n in new
+        ]
+        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+            if reply.has_error():
+                continue
+            answer, _ = message_frame(reply.content)
+            self.node_of[answer["site"]] = reply.metadata.src_node_id
+            self._answers[answer["site"]] = answer
+
+
+def _decode(site: str, decode, frame: Frame):
+    try:
+        return decode(frame)
+    except (KeyError, TypeError, ValueError) as exc:
+        return NodeFailure(site, "error", f"undecodable reply: {type(exc).__name__}: {exc}")
+
+
+# -- the experiment -----------------------------------------------------------------------
+def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[str, Any]:
+    """What ``run_simulation`` does, with the sites behind Flower instead of in-process."""
+    config = SimulationConfig(**experiment["simulation"])
+    settings = FlowerSettings(**experiment["flower"])
+    torch.manual_seed(config.seed)
+    backend = build_backend(config.algorithm, **config.backend_hyperparameters())
+    model = build_model(config.model, num_labels=config.num_labels)
+    server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
+    store = RunStore(config.runs_dir)
+    record = {**config.to_dict(), "transport": "flower", "flower": asdict(settings)}
+    run_id = store.create_run(config.algorithm, record, git_revision())
+    run_dir = Path(config.runs_dir) / run_id
+    setup = {
+        "run_id": run_id,
+        "algorithm": config.algorithm,
+        "hyperparameters": config.backend_hyperparameters(),
+        "model_config": model.config(),
+        "loss": config.loss,
+        "batch_size": config.batch_size,
+        "min_pos_fraction": config.min_pos_fraction,
+        "seed": config.seed,
+        "image_size": config.image_size,
+        "num_labels": config.num_labels,
+        "data_scale": config.data_scale,
+    }
+    transport = FlowerTransport(grid, setup, expected=config.sites, settings=settings)
+    try:
+        log(f"run {run_id}: waiting for {config.sites} site(s), at least {settings.min_nodes}")
+        sites = list(transport.register())
+        log(f"run {run_id}: sites {sites}")
+        coordinator = Coordinator(
+            backend,
+            transport,
+            store,
+            run_id,
+            run_dir,
+            server,
+            participation=config.participation,
+            seed=config.seed,
+            pooled_scoring=settings.pooled_scoring,
+            local_work=config.local_work(sites),
+        )
+        store.record_sites(run_id, transport.summaries)
+        store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
+        results = coordinator.run(config.rounds, lambda r: log(_progress(r)))
+        coordinator.close()
+    except BaseException as exc:
+        _fail(store, run_id, exc)
+        raise
+    summary = summarize(run_id, run_dir, config, results)
+    label_names = transport.summaries[sites[0]]["label_names"]
+    hyper = backend.hyperparameters()
+    card = model_card(summary, results[-1], config, hyper, model.config(), label_names)
+    final = backend.global_tensors(coordinator.state)
+    summary["model_path"] = str(export_model(run_dir / "model", final, model.config(), card))
+    store.add_event(run_id, "run completed")
+    store.finish_run(run_id, "completed", summary)
+    store.close()
+    return summary
+
+
+def _progress(record: RoundRecord) -> str:
+    status = [s.status for s in record.sites]
+    auc = "n/a" if record.global_auc is None else f"{record.global_auc:.3f}"
+    mean = "n/a" if record.mean_site_auc is None else f"{record.mean_site_auc:.3f}"
+    done = status.count("completed")
+    return (
+        f"round {record.round}: {done}/{len(status)} sites completed, dropped "
+        f"{status.count('dropped')}, pooled AUC {auc}, mean site AUC {mean}, "
+        f"{record.duration_s or 0:.1f} s"
+    )
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Read the experiment file ``fed-auc coordinator`` wrote, run it, leave the summary."""
+    path = Path(str(context.run_config["experiment-file"]))
+    experiment = json.loads(path.read_text())
+    summary = run_experiment(grid, experiment, log=lambda line: print(line, flush=True))
+    Path(experiment["summary_file"]).write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,180 @@
+"""The long-lived node worker behind ``fed-auc node``: data, model and local state stay warm.
+
+The ClientApp (``flower_client``) relays every Flower message here over a local Unix socket.
+The worker builds the site's ``Node`` once per federated run, from the run's setup (algorithm,
+hyperparameters, model, seed) that every request carries, and keeps it between messages; the
+node's local state lives under ``<state_dir>/<run id>/`` and survives a restart of the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import tomllib
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Listener
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fed_auc.algorithms import build_backend
+from fed_auc.data.synthetic import (
+    FINDINGS,
+    GENERIC_FINDING,
+    SiteProfile,
+    _derive,
+    _scaled,
+    make_site,
+)
+from fed_auc.node import Node
+from fed_auc.simulation import site_summary
+from fed_auc.transport.flower_client import recv_frame, send_frame
+from fed_auc.transport.flower_codec import (
+    Frame,
+    evaluation_frame,
+    frame_broadcast,
+    frame_tensors,
+    reply_frame,
+)
+
+log = logging.getLogger("fed_auc.node")
+
+NODE_KEYS = {"data", "index", "state_dir", "local_steps", "memory_budget_mb", "threads"}
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """A site TOML: the synthetic profile plus the ``[node]`` table of the node that serves it."""
+
+    path: Path
+    name: str
+    profile: SiteProfile
+    index: int  # position in the federation: seeds the site's images and its batch sampler
+    state_dir: Path
+    local_steps: int | None = None  # τ_i this site runs, whatever the coordinator asks
+    memory_budget_mb: int | None = None  # reported at registration (for partial training)
+    threads: int | None = None  # torch threads of the worker
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> SiteConfig:
+        path = Path(path)
+        profile = SiteProfile.from_toml(path)
+        node = tomllib.loads(path.read_text(encoding="utf-8")).get("node")
+        if not isinstance(node, dict):
+            raise ValueError(f"{path}: missing [node] table (state_dir, index, ...)")
+        unknown = sorted(set(node) - NODE_KEYS)
+        if unknown:
+            raise ValueError(f"{path}: unknown [node] key(s) {unknown}; valid: {sorted(NODE_KEYS)}")
+        if node.get("data", "synthetic") != "synthetic":
+            raise ValueError(f"{path}: [node] data = {node['data']!r}: only 'synthetic' is known")
+        for key in ("index", "local_steps", "memory_budget_mb", "threads"):
+            value = node.get(key)
+            low = 0 if key == "index" else 1
+            if (key == "index" or value is not None) and not (
+                isinstance(value, int) and not isinstance(value, bool) and value >= low
+            ):
+                raise ValueError(f"{path}: [node] {key} = {value!r}: must be an integer ≥ {low}")
+        if not isinstance(node.get("state_dir"), str):
+            raise ValueError(f"{path}: [node] state_dir must be a path string")
+        return cls(
+            path,
+            profile.name,
+            profile,
+            node["index"],
+            Path(node["state_dir"]),
+            node.get("local_steps"),
+            node.get("memory_budget_mb"),
+            node.get("threads"),
+        )
+
+
+class NodeWorker:
+    """Answers register / train / evaluate frames with one warm ``Node`` per federated run."""
+
+    def __init__(self, site: SiteConfig) -> None:
+        self.site = site
+        self._setup: dict[str, Any] | None = None
+        self._node: Node | None = None
+        if site.threads is not None:
+            torch.set_num_threads(site.threads)
+
+    def handle(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
+        node = self._node_for(header["setup"])
+        kind = header["kind"]
+        if kind == "register":
+            registration = {**node.registration(), "index": self.site.index}
+            if self.site.memory_budget_mb is not None:
+                registration["memory_budget_mb"] = self.site.memory_budget_mb
+            summary = site_summary(node.site)
+            return {"site": node.name, "registration": registration, "summary": summary}, []
+        if kind == "train":
+            broadcast = frame_broadcast((header, buffers))
+            if self.site.local_steps is not None and "local_steps" in broadcast.config:
+                broadcast.config["local_steps"] = self.site.local_steps
+            return reply_frame(node.train(broadcast))
+        if kind == "evaluate":
+            tensors = frame_tensors((header, buffers))
+            return evaluation_frame(node.evaluate(tensors, pooled=bool(header["pooled"])))
+        raise ValueError(f"unknown request kind {kind!r}")
+
+    def _node_for(self, setup: dict[str, Any]) -> Node:
+        """The node of this run: built on the run's first request (or after a restart)."""
+        if self._node is None or setup != self._setup:
+            log.info("%s: building the node for run %s", self.site.name, setup["run_id"])
+            self._node = build_node(self.site, setup)
+            self._setup = setup
+        return self._node
+
+
+def build_node(site: SiteConfig, setup: dict[str, Any]) -> Node:
+    """The same node ``fed-auc simulate`` builds for this site (same data, seeds, state)."""
+    num_labels = setup["num_labels"]
+    labels = [GENERIC_FINDING] if num_labels == 1 else list(FINDINGS[:num_labels])
+    profile = _scaled(site.profile, setup["data_scale"])
+    data = make_site(profile, setup["image_size"], labels, _derive(setup["seed"], site.index))
+    backend = build_backend(setup["algorithm"], **setup["hyperparameters"])
+    return Node(
+        data,
+        backend,
+        setup["model_config"],
+        setup["loss"],
+        state_dir=site.state_dir / setup["run_id"],
+        batch_size=setup["batch_size"],
+        min_pos_fraction=setup["min_pos_fraction"],
+        seed=setup["seed"] * 1000 + site.index,
+    )
+
+
+def new_authkey(path: Path) -> bytes:
+    """A fresh random key for the worker socket, readable by this user only."""
+    key = secrets.token_bytes(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_bytes(key)
+    return key
+
+
+def serve(worker: NodeWorker, listener: Listener) -> None:
+    """Answer one connection at a time until the listener closes; errors go back as answers."""
+    while True:
+        try:
+            conn = listener.accept()
+        except AuthenticationError:  # a local process without the key
+            log.warning("%s: refused a connection without the worker key", worker.site.name)
+            continue
+        except OSError:  # closed: the node is stopping
+            return
+        with conn:
+            try:
+                header, buffers = recv_frame(conn)
+                answer, answer_buffers = worker.handle(header, buffers)
+            except Exception as exc:  # the coordinator records it as this site's error
+                log.exception("%s: request failed", worker.site.name)
+                answer, answer_buffers = {"error": f"{type(exc).__name__}: {exc}"}, []
+            try:
+                send_frame(conn, answer, answer_buffers)
+            except OSError as exc:  # the ClientApp was stopped (e.g. deadline passed)
+                log.warning("%s: could not send the answer: %s", worker.site.name, exc)

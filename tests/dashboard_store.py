@@ -1,0 +1,111 @@
+"""A run store filled for the dashboard tests: known numbers the pages must show.
+
+Runs (all with real ROC points from seeded labels and scores):
+- ``complete``: codasca, 2 trained rounds, 3 sites; ``east`` has no test positives (AUC
+  undefined), ``south`` is dropped in round 2, ``north`` trains a partial model in round 2,
+  ``west`` is rejected in round 1.
+- ``other``: fedavg, 2 rounds, other byte counts (for Compare).
+- ``one``: a single trained round.
+- ``failed``: round 0, then failed with an error message.
+- ``live``: still running, only round 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fed_auc.roc import roc_points
+from fed_auc.store import RoundRecord, RunStore, SiteRound
+
+SITES = ("east", "north", "south", "west")
+TEST_N = 60
+
+
+def split_of(site: str, round_: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded labels and scores of a site's test split; east has no positives."""
+    rng = np.random.default_rng(SITES.index(site) * 100 + round_)
+    labels = (rng.random(TEST_N) < (0.0 if site == "east" else 0.3)).astype(float)
+    scores = np.clip(0.25 + 0.08 * round_ * labels + rng.normal(0, 0.2, TEST_N), 0, 1)
+    return labels, scores
+
+
+def _site_row(site: str, round_: int, status: str) -> SiteRound:
+    labels, scores = split_of(site, round_)
+    roc = roc_points(labels, scores)
+    positives = int(labels.sum())
+    row = SiteRound(site, status, n=100, positives=[30], n_test=TEST_N, test_positives=[positives])
+    if roc["fpr"]:
+        row.auc = float(np.trapezoid(roc["tpr"], roc["fpr"]))
+        row.auc_lo, row.auc_hi = row.auc - 0.1, min(1.0, row.auc + 0.1)
+        row.metrics = {"roc": [roc], "undefined": []}
+    else:
+        row.metrics = {"roc": [roc], "undefined": ["AUC undefined: no positives"]}
+    if status == "completed":
+        row.steps = 4 + SITES.index(site)
+        row.drift, row.cosine, row.update_norm = 0.1 * round_, 0.9 - 0.1 * round_, 1.0
+        row.bytes_down, row.bytes_up = 1000, 800
+    return row
+
+
+def _round(round_: int, statuses: dict[str, str], scale: int = 1) -> RoundRecord:
+    rows = [_site_row(site, round_, statuses.get(site, "completed")) for site in SITES]
+    defined = [r.auc for r in rows if r.auc is not None]
+    record = RoundRecord(
+        round=round_,
+        global_auc=0.55 + 0.1 * round_,
+        worst_site_auc=min(defined),
+        mean_site_auc=float(np.mean(defined)),
+        bytes_down=3_000_000 * scale * (round_ > 0),
+        bytes_up=2_000_000 * scale * (round_ > 0),
+        sites=rows,
+    )
+    if statuses.get("south") == "dropped":
+        record.events.append(("south", "error", "train: dropped: no answer in time"))
+    if statuses.get("west") == "rejected":
+        record.events.append(("west", "error", "train: rejected: w/conv has NaN"))
+    return record
+
+
+def card(site: str, intensity: bool = True) -> dict:
+    index = SITES.index(site)
+    split = {"n": 100, "positives": [10 + 5 * index]}
+    if intensity:
+        split |= {"intensity_mean": 0.3 + 0.05 * index, "intensity_std": 0.2 - 0.01 * index}
+    return {"label_names": ["finding"], "train": split, "source": "synthetic"}
+
+
+def fill(runs_dir: Path) -> dict[str, str]:
+    """Write the four runs; returns their ids by name."""
+    ids = {}
+    with RunStore(runs_dir) as store:
+        ids["other"] = store.create_run("fedavg", {"rounds": 2}, run_id="run-other")
+        store.record_sites(ids["other"], {s: card(s, intensity=False) for s in SITES})
+        for round_ in range(3):
+            store.record_round(ids["other"], _round(round_, {}, scale=2))
+        store.finish_run(ids["other"], "completed", {})
+
+        ids["complete"] = store.create_run("codasca", {"rounds": 2}, run_id="run-complete")
+        store.record_sites(ids["complete"], {s: card(s) for s in SITES})
+        store.record_round(ids["complete"], _round(0, dict.fromkeys(SITES, "initial")))
+        store.record_round(ids["complete"], _round(1, {"west": "rejected"}))
+        last = _round(2, {"south": "dropped"})
+        last.sites[SITES.index("north")].trained_groups = ["dense3", "head"]
+        store.record_round(ids["complete"], last)
+        store.add_event(ids["complete"], "run completed")
+        store.finish_run(ids["complete"], "completed", {})
+
+        ids["one"] = store.create_run("codasca", {"rounds": 1}, run_id="run-one")
+        store.record_sites(ids["one"], {s: card(s) for s in SITES})
+        store.record_round(ids["one"], _round(0, dict.fromkeys(SITES, "initial")))
+        store.record_round(ids["one"], _round(1, {}))
+        store.finish_run(ids["one"], "completed", {})
+
+        ids["failed"] = store.create_run("coda_plus", {"rounds": 5}, run_id="run-failed")
+        store.record_round(ids["failed"], _round(0, dict.fromkeys(SITES, "initial")))
+        store.finish_run(ids["failed"], "failed", {"error": "round 1: no valid reply"})
+
+        ids["live"] = store.create_run("codasca", {"rounds": 9}, run_id="run-live")
+        store.record_round(ids["live"], _round(0, dict.fromkeys(SITES, "initial")))
+    return ids

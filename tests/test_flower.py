@@ -1,0 +1,211 @@
+"""Flower transport: payload codec, node worker, certificates, config; real runs on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.io import load_state
+from fed_auc.metrics import AUCResult
+from fed_auc.node import Evaluation, SplitEvaluation
+from fed_auc.simulation import SimulationConfig
+from fed_auc.transport.flower_certs import make_certs
+from fed_auc.transport.flower_cli import load_experiment
+from fed_auc.transport.flower_codec import (
+    broadcast_frame,
+    decode_tensors,
+    encode_tensors,
+    evaluation_frame,
+    frame_broadcast,
+    frame_evaluation,
+    frame_reply,
+    reply_frame,
+)
+from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
+
+HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
+SITES = ["st_elsewhere", "county_general", "mercy_rural"]
+SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
+
+
+# -- codec ----------------------------------------------------------------------------------
+def test_tensors_travel_as_one_buffer_per_dtype_and_come_back_exactly():
+    gen = torch.Generator().manual_seed(0)
+    tensors = {
+        "w": torch.randn(3, 4, generator=gen),
+        "steps": torch.tensor(7),
+        "b": torch.randn(5, generator=gen),
+        "count": torch.arange(6).view(2, 3),
+    }
+    index, buffers = encode_tensors(tensors)
+    assert len(buffers) == 2  # float32 and int64
+    assert sum(len(b) for b in buffers) == (12 + 5) * 4 + (1 + 6) * 8
+    back = decode_tensors(index, buffers)
+    assert list(back) == list(tensors)
+    for name, tensor in tensors.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    with pytest.raises(ValueError, match="payload buffer 0 holds 16 float32 values"):
+        decode_tensors(index, [buffers[0][:-4], buffers[1]])
+
+
+def test_requests_and_replies_round_trip_through_frames():
+    broadcast = Broadcast(3, "train", {"w": torch.ones(2, 2)}, {"lr": 0.1, "pos_ratio": [0.2]})
+    frame = broadcast_frame(broadcast, {"run_id": "r"})
+    json.dumps(frame[0])  # the header is plain JSON
+    back = frame_broadcast(frame)
+    assert (back.round, back.phase, back.config) == (3, "train", broadcast.config)
+    assert torch.equal(back.tensors["w"], broadcast.tensors["w"])
+
+    reply = Reply({"w": torch.full((2,), 0.5)}, steps=4, metrics={"train_loss": 0.25})
+    reply.num_examples, reply.site = 40, "a"
+    again = frame_reply(reply_frame(reply))
+    assert (again.steps, again.metrics, again.num_examples, again.site) == (
+        4,
+        reply.metrics,
+        40,
+        "a",
+    )
+
+    scores = np.array([[0.1], [0.9]], dtype=np.float32)
+    labels = np.array([[0.0], [1.0]], dtype=np.float32)
+    auc = AUCResult(1.0, 0.5, 1.0, 2, 1)
+    pooled = Evaluation("a", {"test": SplitEvaluation(2, [1], [auc], scores, labels)}, 0.1)
+    private = Evaluation("a", {"test": SplitEvaluation(2, [1], [auc])}, 0.1)
+    got = frame_evaluation(evaluation_frame(pooled)).splits["test"]
+    assert got.aucs == [auc] and np.array_equal(got.scores, scores)
+    assert np.array_equal(got.labels, labels)
+    header, buffers = evaluation_frame(private)
+    assert buffers == [] and frame_evaluation((header, buffers)).splits["test"].scores is None
+
+
+# -- node worker ----------------------------------------------------------------------------
+def _site_toml(tmp_path: Path, site: str, index: int, **node) -> Path:
+    text = (HOSPITALS / f"{site}.toml").read_text().split("\n[node]")[0]
+    table = {"index": index, "state_dir": str(tmp_path / "nodes" / site), "threads": 1, **node}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{site}.toml"
+    path.write_text(text + "\n[node]\n" + "\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"index": -1}, "index = -1: must be an integer ≥ 0"),
+        ({"speed": 3}, "unknown [node] key(s) ['speed']"),
+        ({"data": "pacs"}, "data = 'pacs': only 'synthetic'"),
+        ({"local_steps": 0}, "local_steps = 0: must be an integer ≥ 1"),
+    ],
+)
+def test_site_config_errors_name_the_file_and_field(tmp_path, node, message):
+    node = dict(node)
+    path = _site_toml(tmp_path, "mercy_rural", node.pop("index", 2), **node)
+    with pytest.raises(ValueError, match="mercy_rural.toml") as error:
+        SiteConfig.from_toml(path)
+    assert message in str(error.value)
+
+
+def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
+    from fed_auc.algorithms import build_backend
+    from fed_auc.losses import build_loss
+    from fed_auc.models import build_model
+    from fed_auc.trainable import Trainable
+
+    config = SimulationConfig(**SMALL)
+    torch.manual_seed(config.seed)
+    backend = build_backend(config.algorithm, **config.backend_hyperparameters())
+    model = build_model(config.model, num_labels=1)
+    state = backend.init_server(Trainable(model, build_loss(config.loss, 1, [0.5])), {})
+    broadcast = backend.plan(state, 0, "train")
+    broadcast.config["pos_ratio"] = [0.2]
+    setup = {
+        "run_id": run_id,
+        "algorithm": config.algorithm,
+        "hyperparameters": config.backend_hyperparameters(),
+        "model_config": model.config(),
+        "loss": config.loss,
+        "batch_size": config.batch_size,
+        "min_pos_fraction": config.min_pos_fraction,
+        "seed": config.seed,
+        "image_size": config.image_size,
+        "num_labels": 1,
+        "data_scale": config.data_scale,
+    }
+    return setup, broadcast
+
+
+def test_worker_keeps_local_state_across_a_restart(tmp_path):
+    """Two rounds with a restart in between end where two rounds without one end."""
+    setup, broadcast = _setup()
+    steady = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path / "a", "county_general", 1)))
+    header, _ = steady.handle({"kind": "register", "setup": setup}, [])
+    assert header["site"] == "county_general" and header["registration"]["index"] == 1
+    assert header["summary"]["train"]["n"] == header["registration"]["n"]
+    for _ in range(2):
+        expected = frame_reply(steady.handle(*broadcast_frame(broadcast, setup)))
+
+    site = SiteConfig.from_toml(_site_toml(tmp_path / "b", "county_general", 1, local_steps=2))
+    frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup)))
+    again = frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup)))
+    assert again.steps == expected.steps == 2
+    for name, tensor in expected.tensors.items():
+        torch.testing.assert_close(again.tensors[name], tensor)
+    a = load_state(tmp_path / "a" / "nodes" / "county_general" / "run1" / "local_state.pt")
+    b = load_state(site.state_dir / "run1" / "local_state.pt")
+    torch.testing.assert_close(b["sampler"], a["sampler"])
+
+
+def test_site_local_steps_override_the_coordinators(tmp_path):
+    setup, broadcast = _setup()
+    site = SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2, local_steps=3))
+    assert frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup))).steps == 3
+
+
+def test_worker_reports_a_bad_request_kind(tmp_path):
+    setup, _ = _setup()
+    worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
+    with pytest.raises(ValueError, match="unknown request kind 'fit'"):
+        worker.handle({"kind": "fit", "setup": setup}, [])
+
+
+# -- certificates and config ------------------------------------------------------------------
+def test_certs_make_a_ca_that_signed_the_server_and_p384_site_keys(tmp_path):
+    from flwr.cli.supernode.register import try_load_public_key
+
+    out = make_certs(tmp_path / "certs", ["a", "b"], hosts=["coord.example"])
+    ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    server = x509.load_pem_x509_certificate((out / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "coord.example" in names.get_values_for_type(x509.DNSName)
+    assert "127.0.0.1" in [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
+    key = load_ssh_private_key((out / "keys" / "a.key").read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert try_load_public_key(out / "keys" / "b.pub")
+    assert (out / "keys" / "a.key").stat().st_mode & 0o077 == 0
+
+
+def test_experiment_config_errors_name_the_file_and_key(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('algorithm = "codasca"\n')
+    with pytest.raises(SystemExit, match="exp.toml: missing \\[flower\\] table"):
+        load_experiment(path, {})
+    path.write_text('algorithm = "codasca"\n[flower]\nmin_node = 2\ninsecure = true\n')
+    with pytest.raises(SystemExit, match=r"unknown \[flower\] key\(s\) \['min_node'\]"):
+        load_experiment(path, {})
+    path.write_text("rounds = 2\n[flower]\nmin_nodes = 0\ninsecure = true\n")
+    with pytest.raises(SystemExit, match="min_nodes must be an integer ≥ 1, got 0"):
+        load_experiment(path, {})
+    path.write_text("rounds = 2\n[flower]\ncerts_dir = 'certs'\n")
+    experiment = load_experiment(path, {"rounds": 5})
+    assert experiment["simulation"]["rounds"] == 5
+    assert experiment["flower"]["certs_dir"] == str(tmp_path / "certs")

@@ -1,0 +1,149 @@
+"""Crash and resume: a run killed with SIGKILL mid-round, resumed, equals the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fed_auc.coordinator import FederationError, load_checkpoint
+from fed_auc.io import load_torch, save_state
+from fed_auc.simulation import SimulationConfig, resume_simulation, run_simulation
+from fed_auc.store import RunStore
+
+ROUNDS = 6
+OPTIONS = {"sites": 3, "rounds": ROUNDS, "local_steps": 2, "seed": 5, "data_scale": 0.4}
+TIMING = {"duration_s", "finished_at", "time", "id"}
+
+
+def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """A store table without wall-clock columns (and without timings inside metrics)."""
+    frame = frame.drop(columns=[c for c in frame.columns if c in TIMING or c == "run_id"])
+    if "metrics" in frame:
+        frame["metrics"] = [
+            {k: v for k, v in json.loads(m).items() if not k.endswith("_s")} if m else m
+            for m in frame["metrics"]
+        ]
+    return frame.reset_index(drop=True)
+
+
+def final_model(summary: dict) -> dict[str, torch.Tensor]:
+    exported = load_torch(summary["model_path"])
+    return {**exported["state_dict"], **{f"auc/{k}": v for k, v in exported["auc"].items()}}
+
+
+def assert_same_run(runs_a: Path, a: dict, runs_b: Path, b: dict) -> None:
+    for name, tensor in final_model(a).items():
+        torch.testing.assert_close(final_model(b)[name], tensor, rtol=1e-5, atol=1e-6)
+    with RunStore(runs_a) as sa, RunStore(runs_b) as sb:
+        for table in ("rounds", "site_rounds"):
+            left = comparable(getattr(sa, table)(a["run_id"]))
+            right = comparable(getattr(sb, table)(b["run_id"]))
+            pd.testing.assert_frame_equal(left, right, rtol=1e-5, atol=1e-6)
+        rounds = sb.rounds(b["run_id"])["round"].tolist()
+        assert rounds == list(range(ROUNDS + 1))  # none lost, none duplicated
+        assert sb.run(b["run_id"])["status"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
+    runs = tmp_path_factory.mktemp("uninterrupted")
+    return runs, run_simulation(SimulationConfig(runs_dir=str(runs), **OPTIONS))
+
+
+def start_cli_run(runs: Path) -> subprocess.Popen:
+    config = runs.parent / f"{runs.name}.toml"
+    config.write_text("".join(f"{key} = {value}\n" for key, value in OPTIONS.items()))
+    args = [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config)]
+    args += ["--runs-dir", str(runs)]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
+
+
+def recorded_rounds(runs: Path) -> int:
+    if not (runs / "fed_auc.sqlite").exists():
+        return -1
+    with RunStore(runs) as store:
+        runs_frame = store.runs()
+        if runs_frame.empty:
+            return -1
+        rounds = store.rounds(runs_frame["id"].iloc[0])
+    return int(rounds["round"].max()) if len(rounds) else -1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_seed", [0])
+def test_sigkill_mid_round_then_resume_equals_uninterrupted(
+    tmp_path: Path, uninterrupted: tuple[Path, dict], kill_seed: int
+) -> None:
+    process = start_cli_run(tmp_path)
+    deadline = time.monotonic() + 120
+    while recorded_rounds(tmp_path) < 2:  # let it commit a few rounds, then kill it mid-round
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the run did not reach round 2"
+        time.sleep(0.05)
+    time.sleep(random.Random(kill_seed).uniform(0.0, 0.4))
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    before = recorded_rounds(tmp_path)
+    assert 2 <= before < ROUNDS, f"killed after round {before}: not mid-run"
+
+    with RunStore(tmp_path) as store:
+        run_id = store.runs()["id"].iloc[0]
+        assert store.run(run_id)["status"] == "running"  # as SIGKILL left it
+    resumed = resume_simulation(tmp_path, run_id)
+    assert_same_run(*uninterrupted, tmp_path, resumed)
+    with RunStore(tmp_path) as store:
+        events = store.events(run_id)["message"].tolist()
+    assert f"run resumed after round {before}" in events
+
+
+def test_resume_after_a_crash_between_checkpoint_and_record(
+    tmp_path: Path, uninterrupted: tuple[Path, dict]
+) -> None:
+    """The checkpoint of round r is written before round r is recorded: a crash in between
+    leaves checkpoint r and store r − 1; resume takes the kept previous checkpoint."""
+    config = SimulationConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 3})
+    first = run_simulation(config)
+    run_dir = tmp_path / first["run_id"]
+    with RunStore(tmp_path) as store:  # forget round 3 as if the crash came before its record
+        store._conn.execute("DELETE FROM rounds WHERE round = 3")
+        store._conn.execute("DELETE FROM site_rounds WHERE round = 3")
+        store._conn.execute("UPDATE runs SET status = 'failed'")
+        store._conn.execute("UPDATE runs SET config = ?", (json.dumps(config.to_dict()),))
+    assert load_checkpoint(run_dir, 2)["round"] == 2  # the previous file
+    resumed = resume_simulation(tmp_path, first["run_id"])
+    assert resumed["global_auc"] == first["global_auc"]
+    for name, tensor in final_model(first).items():
+        torch.testing.assert_close(final_model(resumed)[name], tensor)
+
+
+def test_resume_refuses_completed_unknown_and_uncheckpointed_runs(tmp_path: Path) -> None:
+    config = SimulationConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 1})
+    done = run_simulation(config)
+    with pytest.raises(ValueError, match="already completed"):
+        resume_simulation(tmp_path, done["run_id"])
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        resume_simulation(tmp_path, "nope")
+    with RunStore(tmp_path) as store:
+        store._conn.execute("UPDATE runs SET status = 'failed'")
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        save_state({"round": 7, "state": {}, "accepted": {}}, tmp_path / done["run_id"] / name)
+    with pytest.raises(FederationError, match="no checkpoint of it .*holds round 7"):
+        resume_simulation(tmp_path, done["run_id"])
+
+
+def test_cli_resume_refuses_other_options(tmp_path: Path) -> None:
+    from fed_auc.cli import main
+
+    with pytest.raises(SystemExit, match="drop --rounds"):
+        main(["simulate", "--resume", "abc", "--rounds", "3", "--runs-dir", str(tmp_path)])
