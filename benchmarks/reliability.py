@@ -59,23 +59,27 @@ def crash_and_resume(kills: int, workdir: Path) -> dict:
     reference = run_simulation(SimulationConfig(runs_dir=str(workdir / "clean"), **SMALL))
     clean = final_tensors(reference)
     rng = random.Random(0)
-    out = {"injected": 0, "completed": 0, "lost": 0, "duplicated": 0, "max_diff": 0.0}
+    out = {"injected": 0, "not_injected": 0, "completed": 0, "lost": 0, "duplicated": 0}
+    out["max_diff"] = 0.0
     config = workdir / "small.toml"
     config.write_text("".join(f"{k} = {v}\n" for k, v in SMALL.items()))
     for kill in range(kills):
         runs = workdir / f"kill{kill}"
+        log = (workdir / f"kill{kill}.log").open("w")
         process = subprocess.Popen(
             [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config)]
             + ["--runs-dir", str(runs)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log,
         )
         target = rng.randint(0, SMALL["rounds"] - 2)  # kill somewhere after this round
         while rounds_in(runs) < target and process.poll() is None:
             time.sleep(0.02)
         time.sleep(rng.uniform(0, 0.5))
-        if process.poll() is not None:
-            continue  # finished before the kill: not a fault
+        if process.poll() is not None:  # ended before the kill: not a fault injected
+            out["not_injected"] += 1
+            print(f"kill {kill}: run ended first ({process.returncode}); see {log.name}")
+            continue
         process.send_signal(signal.SIGKILL)
         process.wait()
         out["injected"] += 1
@@ -244,7 +248,66 @@ def bad_inputs(workdir: Path) -> dict[str, list[int]]:
     state.write_bytes(bytes(data))
     expect("state file (altered)", lambda: load_state(state), (CorruptState,), str(state))
 
+    bad_data_files(workdir, expect)
     return results
+
+
+def bad_data_files(workdir: Path, expect: Callable) -> None:
+    """Broken images, CSVs and npz files, written here; each error must name file and place."""
+    from fed_auc.data.csv_images import load_csv_images
+    from fed_auc.data.medmnist import load_medmnist
+    from PIL import Image
+
+    data = workdir / "data"
+    data.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((8, 8), 40 * i, dtype=np.uint8)).save(data / f"ok{i}.png")
+    (data / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (data / "text.jpg").write_text("a note, not a JPEG")
+    (data / "empty.dcm").write_bytes(b"")
+    csv_cases = {
+        "missing image": ("path,label\nok0.png,1\ngone.png,0\n", "gone.png"),
+        "corrupt image": ("path,label\nok0.png,1\ncorrupt.png,0\n", "corrupt.png"),
+        "not an image": ("path,label\nok0.png,1\ntext.jpg,0\n", "text.jpg"),
+        "empty DICOM": ("path,label\nok0.png,1\nempty.dcm,0\n", "empty.dcm"),
+        "label 2": ("path,label\nok0.png,1\nok1.png,2\n", "'2'"),
+        "label 'yes'": ("path,label\nok0.png,yes\nok1.png,0\n", "'yes'"),
+        "no label column": ("path,finding\nok0.png,1\n", "label"),
+        "no path column": ("file,label\nok0.png,1\n", "image path column"),
+        "empty CSV": ("", "data"),
+        "ragged rows": ('path,label\nok0.png,1,3,"\n', "data"),
+    }
+    for name, (body, needle) in csv_cases.items():
+        path = data / f"{name.replace(' ', '_').replace(chr(39), '')}.csv"
+        path.write_text(body)
+        kind = "image file" if "image" in name or "DICOM" in name else "CSV"
+        expect(
+            kind,
+            lambda p=path: load_csv_images(p, image_size=8),
+            (ValueError,),
+            path.name,
+            needle,
+        )
+
+    good = {
+        f"{split}_{part}": (
+            np.zeros((4, 8, 8), np.uint8) if part == "images" else np.array([[0], [1], [0], [1]])
+        )
+        for split in ("train", "val", "test")
+        for part in ("images", "labels")
+    }
+    npz = data / "ok.npz"
+    np.savez(npz, **good)
+    raw = npz.read_bytes()
+    truncated = data / "truncated.npz"
+    truncated.write_bytes(raw[: len(raw) // 2])
+    expect("npz", lambda: load_medmnist(truncated), (ValueError,), "truncated.npz")
+    missing = data / "missing.npz"
+    np.savez(missing, **{k: v for k, v in good.items() if not k.startswith("test")})
+    expect("npz", lambda: load_medmnist(missing), (ValueError,), "missing.npz", "test_images")
+    labels = data / "labels.npz"
+    np.savez(labels, **{**good, "val_labels": np.array([[0], [7], [0], [1]])})
+    expect("npz", lambda: load_medmnist(labels), (ValueError,), "labels.npz", "7")
 
 
 # -- privacy cost ---------------------------------------------------------------------------------

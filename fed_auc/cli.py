@@ -98,8 +98,38 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_ID",
         help="continue an interrupted run from its last recorded round (its recorded options)",
     )
+    _data_arguments(p)
+    p.add_argument(
+        "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
+    )
+    p.add_argument(
+        "--select", help="exported model: best_val (round with best validation AUC) or last"
+    )
+    p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
+    p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    """--data and the options that say how to read and split it (simulate, data-card, evaluate)."""
+    p.add_argument(
+        "--data", help="synthetic (default), medmnist:PATH.npz or csv:PATH.csv[:IMAGE_ROOT]"
+    )
+    p.add_argument(
+        "--partition",
+        help="natural (CSV site column; CSV default), iid (default), dirichlet:ALPHA, "
+        "quantity:ALPHA, imratio:R1,R2,...",
+    )
+    p.add_argument("--feature-shift", type=float, help="per-site contrast/brightness shift (0)")
+    p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
+    p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
+    p.add_argument(
+        "--skip-bad-images",
+        action="store_true",
+        default=None,
+        help="skip unreadable images with a warning (count in the data card) instead of failing",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the demo federation with the embedded defaults")
     demo.add_argument("--runs-dir", default="runs")
     demo.add_argument("--json", action="store_true")
+    card = sub.add_parser("data-card", help="write a data card (Markdown + JSON) per site")
+    _data_arguments(card)
+    card.add_argument("--sites", type=int, help="number of sites (default 4; natural: the data's)")
+    card.add_argument("--image-size", type=int, default=28)
+    card.add_argument("--seed", type=int, default=0)
+    card.add_argument("--out", default="data_cards", help="output folder (data_cards)")
+    ev = sub.add_parser("evaluate", help="score a registered model per site, with bootstrap CIs")
+    ev.add_argument("--model", required=True, help="model.pt or its folder (fed-auc-model/1)")
+    _data_arguments(ev)
+    ev.add_argument("--sites", type=int, help="number of sites to partition into")
+    ev.add_argument("--seed", type=int, default=0, help="partition and bootstrap seed")
+    ev.add_argument("--manifest", type=Path, help="a run's partition.json: exactly its sites")
+    ev.add_argument("--split", default="test", choices=["train", "val", "test"])
+    ev.add_argument("--image-size", type=int, help="default: the model card's")
+    ev.add_argument("--by-site", action="store_true", help="per site as well as pooled")
+    ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
+    ev.add_argument("--out", required=True, type=Path, help="folder for JSON, CSV, ROC PNG")
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
@@ -166,9 +213,14 @@ def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
 
 
 def simulate(
-    config: SimulationConfig | None, as_json: bool, resume: tuple[str, str] | None = None
+    config: SimulationConfig | None,
+    as_json: bool,
+    register: str | None = None,
+    models_dir: str = "models",
+    resume: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar."""
+    """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar;
+    optionally register the exported model."""
     from tqdm import tqdm
 
     from fed_auc.simulation import rounds_left, run_simulation
@@ -193,6 +245,11 @@ def simulate(
             summary = run_simulation(config, on_round)
     finally:
         bar.close()
+    if register:
+        from fed_auc.registry import register_model
+
+        target = register_model(Path(summary["model_path"]).parent, register, models_dir)
+        summary["registered"] = str(target)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -253,7 +310,8 @@ def _resume_runs_dir(args: argparse.Namespace) -> str:
     given = [
         name
         for name, value in vars(args).items()
-        if value not in (None, False) and name not in ("command", "resume", "runs_dir", "json")
+        if value not in (None, False)
+        and name not in ("command", "resume", "runs_dir", "json", "models_dir")
     ]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
@@ -283,6 +341,85 @@ def dashboard(runs_dir: str, port: int, host: str) -> int:
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 0
+def _data_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "feature_shift": args.feature_shift or 0.0,
+        "uncertain": args.uncertain or "zeros",
+        "frontal_only": bool(args.frontal_only),
+        "skip_bad_images": bool(args.skip_bad_images),
+    }
+
+
+def _num_sites(args: argparse.Namespace, default: int) -> int | None:
+    """--sites, else `default`; None for the natural partition (the data's own sites)."""
+    if args.sites is not None:
+        return args.sites
+    natural = args.partition == "natural" or (
+        args.partition is None and (args.data or "").startswith("csv:")
+    )
+    return None if natural else default
+
+
+def write_data_cards(args: argparse.Namespace) -> None:
+    from fed_auc.data.cards import write_cards
+    from fed_auc.data.spec import load_sites
+
+    try:
+        sites, _ = load_sites(
+            args.data or "synthetic",
+            args.partition,
+            _num_sites(args, 4),
+            args.seed,
+            args.image_size,
+            **_data_options(args),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc data-card: {exc}") from None
+    for path in write_cards(sites, args.out):
+        print(path)
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    from fed_auc.data.spec import load_pool, load_sites, parse_data_spec
+    from fed_auc.evaluate import evaluate_model, load_registered_model, site_splits, write_results
+
+    try:
+        model, card = load_registered_model(args.model)
+        size = args.image_size or card.get("image_size") or 28
+        data = args.data or "synthetic"
+        if args.manifest is not None:
+            from fed_auc.data.partition import sites_from_manifest
+
+            options = _data_options(args)
+            options.pop("feature_shift")
+            pool = load_pool(parse_data_spec(data), size, **options)
+            try:
+                manifest = json.loads(args.manifest.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"cannot read manifest {args.manifest}: {exc}") from None
+            sites = sites_from_manifest(pool, manifest)
+        else:
+            sites, _ = load_sites(
+                data,
+                args.partition,
+                _num_sites(args, 1),
+                args.seed,
+                size,
+                num_labels=len(card["label_names"]),
+                **_data_options(args),
+            )
+        splits = site_splits(sites, args.split, args.by_site)
+        results = evaluate_model(model, card, splits, n_boot=args.bootstrap, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc evaluate: {exc}") from None
+    results.update(model=str(args.model), data=data, split=args.split)
+    paths = write_results(results, args.out)
+    for site, labels in results["sites"].items():
+        for label, r in labels.items():
+            ci = f" [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]" if r["ci_lo"] is not None else ""
+            text = r["note"] or f"AUC {_fmt(r['auc'])}{ci}"
+            print(f"{site:<12} {label:<18} n {r['n']:<5} {text}")
+    print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
 
 
 def _fmt(value: float | None) -> str:
@@ -298,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate" and args.resume is not None:
         simulate(None, args.json, resume=(_resume_runs_dir(args), args.resume))
     elif args.command == "simulate":
-        simulate(config_from_args(args), args.json)
+        simulate(config_from_args(args), args.json, args.register, args.models_dir)
     elif args.command == "demo":
         config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)
         simulate(config, args.json)
@@ -318,6 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return flower_cli.node(args)
     elif args.command == "certs":
         flower_cli.certs(args)
+    elif args.command == "data-card":
+        write_data_cards(args)
+    elif args.command == "evaluate":
+        run_evaluate(args)
     return 0
 
 

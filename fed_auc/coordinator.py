@@ -110,6 +110,8 @@ class Coordinator:
         # [round, phase] of the last reply of each site kept in a committed round
         self.accepted: dict[str, list[int]] = {}
         self.committed_round: int | None = None  # last round in the store
+        # called with each round's record after its checkpoint, before the round is recorded
+        self.before_commit: Callable[[RoundRecord], None] | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._checkpoint: Future[None] | None = None
 
@@ -316,6 +318,8 @@ class Coordinator:
         """Commit the round: its checkpoint on disk first, then its rows in one transaction."""
         self.wait_for_checkpoint()
         record.sites = list(rows.values())
+        if self.before_commit is not None:
+            self.before_commit(record)
         self.store.record_round(self.run_id, record)
         self.accepted.update(kept)
         self.committed_round = record.round

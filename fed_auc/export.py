@@ -55,15 +55,21 @@ def render_card(card: dict[str, Any]) -> str:
         "",
         f"- Algorithm: `{card['algorithm']}`, loss `{card['loss']}`, "
         f"architecture `{card['model_config']['arch']}`, labels {card['label_names']}",
-        f"- Rounds: {card['rounds']}, sites: {len(card['sites'])}, seed {card['seed']}",
-        f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0: {_fmt(card['initial_auc'])}); "
+        f"- Rounds: {card['rounds']} (after {card.get('warmup_rounds', 0)} fedavg + "
+        f"cross-entropy warm-up rounds), sites: {len(card['sites'])}, seed {card['seed']}",
+        f"- Exported model: round {card.get('selected_round', card['rounds'])} "
+        f"(selection: {card.get('selection', 'last')}; validation AUC "
+        f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
+        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}",
+        f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
+        f"{_fmt(card['initial_auc'])}); "
         f"worst site: {_fmt(card['worst_site_auc'])}",
         "",
         "## Hyperparameters",
         "",
         *[f"- {k}: {v}" for k, v in card["hyperparameters"].items()],
         "",
-        "## Per-site test AUC of the final global model",
+        "## Per-site test AUC of the exported global model",
         "",
         "| site | n train | train positives | n test | test AUC | 95 % CI |",
         "|---|---|---|---|---|---|",
@@ -80,6 +86,7 @@ def render_card(card: dict[str, Any]) -> str:
         "",
         card["data_description"],
         "",
+        *_data_lines(card.get("data_cards", [])),
         "## Intended use",
         "",
         card["intended_use"],
@@ -90,6 +97,20 @@ def render_card(card: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _after_warmup(card: dict[str, Any]) -> str:
+    return ", after warm-up" if card.get("warmup_rounds") else ""
+
+
+def _data_lines(cards: list[dict[str, Any]]) -> list[str]:
+    """One line per site's data card: split sizes and training prevalence."""
+    lines = []
+    for c in cards:
+        sizes = ", ".join(f"{k} {v['n']}" for k, v in c["splits"].items())
+        prevalence = [_fmt(p) for p in c["splits"]["train"]["prevalence"]]
+        lines.append(f"- {c['site']}: {sizes}; train prevalence {prevalence}; {c['source']}")
+    return [*lines, ""] if lines else []
 
 
 def _fmt(value: float | None) -> str:

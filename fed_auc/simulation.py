@@ -15,25 +15,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData
-from fed_auc.data.synthetic import DEFAULT_PROFILES, make_synthetic_federation
+from fed_auc.data.cards import data_card
+from fed_auc.data.csv_images import UNCERTAIN_POLICIES
+from fed_auc.data.partition import parse_partition
+from fed_auc.data.spec import load_sites, parse_data_spec
+from fed_auc.data.synthetic import DEFAULT_PROFILES
+from fed_auc.evaluate import youden_threshold
 from fed_auc.export import export_model
+from fed_auc.io import load_state, save_json, save_state
 from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
-from fed_auc.models import ARCHITECTURES, build_model
+from fed_auc.models import ARCHITECTURES, DenseNetClassifier, build_model, model_from_config
 from fed_auc.node import Node
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore
-from fed_auc.trainable import Trainable
+from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
+
+PARTITION_FILE = "partition.json"
+BEST_MODEL_FILE = "best_model.pt"
 
 
 @dataclass
@@ -69,6 +79,20 @@ class SimulationConfig:
     # CLI --backend-option NAME=VALUE); the backend validates them.
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_scale: float = 1.0
+    # Data source and partition (fed_auc.data.spec / partition): `synthetic` is the demo
+    # federation; file sources are split into `sites` by `partition` (default: natural for
+    # CSV with a site column, else iid); the manifest is saved as <run>/partition.json.
+    data: str = "synthetic"
+    partition: str | None = None
+    feature_shift: float = 0.0
+    uncertain: str = "zeros"  # CheXpert -1 labels: zeros / ones / ignore
+    frontal_only: bool = False
+    skip_bad_images: bool = False
+    # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
+    # min-max backend starts from that model), and export the round with the best pooled
+    # validation AUC ("best_val") rather than the last one ("last").
+    warmup_rounds: int = 0
+    select: str = "best_val"
     # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
@@ -103,7 +127,15 @@ class SimulationConfig:
                 f"algorithm {self.algorithm!r} is a min-max AUC method: use --loss auc_margin "
                 "or auc_square (cross-entropy works with fedavg only)"
             )
-        _at_least("sites", self.sites, 1, len(DEFAULT_PROFILES))
+        synthetic = parse_data_spec(self.data).kind == "synthetic"
+        _at_least("sites", self.sites, 1, len(DEFAULT_PROFILES) if synthetic else None)
+        if self.partition is not None:
+            parse_partition(self.partition)
+        _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
+        _choice("select", self.select, ["best_val", "last"])
+        _at_least("warmup_rounds", self.warmup_rounds, 0)
+        if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
+            raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
         _at_least("rounds", self.rounds, 1)
         _at_least("local_steps", self.local_steps, 1)
         _at_least("batch_size", self.batch_size, 2)
@@ -198,9 +230,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (int, float),
     "str": (str,),
+    "bool": (bool,),
     "list[int]": (list,),
     "list": (list,),  # checked item by item by the option's own validation
-    "bool": (bool,),
     "dict[str, Any]": (dict,),
 }
 
@@ -211,8 +243,10 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
     if value is None:
         if "None" in kinds:
             return
-    elif (not isinstance(value, bool) or "bool" in kinds) and any(
-        isinstance(value, _TYPES[kind]) for kind in kinds if kind in _TYPES
+    elif any(
+        isinstance(value, _TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
+        for kind in kinds
+        if kind in _TYPES
     ):
         if "list[int]" not in kinds or all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -261,48 +295,42 @@ class Federation:
 
 
 def build_federation(config: SimulationConfig, run_id: str | None = None) -> Federation:
-    """Synthetic sites, one in-process node each, a coordinator, and a run in the store:
-    a new one, or the existing ``run_id`` (resume)."""
+    """The sites (``config.data`` split by ``config.partition``), one in-process node each,
+    a coordinator (after the optional warm-up), and a run in the store: a new one, or the
+    existing ``run_id``, resumed from its last recorded round."""
     torch.manual_seed(config.seed)
-    sites = make_synthetic_federation(
-        num_sites=config.sites,
-        image_size=config.image_size,
+    sites, manifest = load_sites(
+        config.data,
+        config.partition,
+        config.sites,
+        config.seed,
+        config.image_size,
         num_labels=config.num_labels,
-        seed=config.seed,
-        scale=config.data_scale,
+        data_scale=config.data_scale,
+        feature_shift=config.feature_shift,
+        uncertain=config.uncertain,
+        frontal_only=config.frontal_only,
+        skip_bad_images=config.skip_bad_images,
     )
+    num_labels = sites[0].num_labels
     backend = build_backend(config.algorithm, **config.backend_hyperparameters())
-    model = build_model(config.model, num_labels=config.num_labels)
-    server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
+    model = build_model(config.model, num_labels=num_labels)
+    server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
     store = RunStore(config.runs_dir)
     resuming = run_id is not None
     if run_id is None:
         run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
-    privacy = None
-    if config.dp_clip is not None:
-        privacy = Privacy(config.dp_clip, config.dp_noise, config.seed)
     personalization = config.personalization()
-    nodes = [
-        Node(
-            site,
-            backend,
-            model.config(),
-            config.loss,
-            state_dir=run_dir / "nodes" / site.name,
-            batch_size=config.batch_size,
-            min_pos_fraction=config.min_pos_fraction,
-            seed=config.seed * 1000 + i,
-            memory_budget=budget,
-            personalization=personalization,
-            privacy=privacy,
-        )
-        for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
-    ]
+    if manifest is not None:
+        save_json(manifest, run_dir / PARTITION_FILE)
+    started = resuming and not store.rounds(run_id).empty
     try:
+        if config.warmup_rounds and not started:
+            server.load(warm_start(config, sites, model, store, run_id, run_dir))
         coordinator = Coordinator(
             backend,
-            LocalTransport(nodes),
+            LocalTransport(_nodes(config, sites, backend, model.config(), config.loss, run_dir)),
             store,
             run_id,
             run_dir,
@@ -324,6 +352,75 @@ def build_federation(config: SimulationConfig, run_id: str | None = None) -> Fed
         store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
         store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
     return Federation(config, sites, coordinator, store, run_id, run_dir, model.config())
+
+
+def _nodes(
+    config: SimulationConfig,
+    sites: list[SiteData],
+    backend: Any,
+    model_config: dict[str, Any],
+    loss: str,
+    run_dir: Path,
+) -> list[Node]:
+    """One in-process node per site, its local state under ``run_dir/nodes/<site>``."""
+    privacy = None
+    if config.dp_clip is not None:
+        privacy = Privacy(config.dp_clip, config.dp_noise, config.seed)
+    return [
+        Node(
+            site,
+            backend,
+            model_config,
+            loss,
+            state_dir=run_dir / "nodes" / site.name,
+            batch_size=config.batch_size,
+            min_pos_fraction=config.min_pos_fraction,
+            seed=config.seed * 1000 + i,
+            privacy=privacy,
+            memory_budget=budget,
+            personalization=config.personalization(),
+        )
+        for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
+    ]
+
+
+def warm_start(
+    config: SimulationConfig,
+    sites: list[SiteData],
+    model: DenseNetClassifier,
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+) -> dict[str, torch.Tensor]:
+    """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
+    run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
+    Recorded in the store as its own fedavg run, named in the main run's events."""
+    options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
+    backend = build_backend("fedavg", **SimulationConfig(**options).backend_hyperparameters())
+    warm_model = model_from_config(model.config())
+    warm_model.load_state_dict(model.state_dict())
+    num_labels = model.num_labels
+    server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
+    warm_id = store.create_run("fedavg", {**options, "warmup_for": run_id}, git_revision())
+    nodes = _nodes(config, sites, backend, model.config(), "ce", run_dir / "warmup")
+    coordinator = Coordinator(
+        backend,
+        LocalTransport(nodes),
+        store,
+        warm_id,
+        run_dir / "warmup",
+        server,
+        participation=config.participation,
+        seed=config.seed,
+    )
+    try:
+        coordinator.run(config.warmup_rounds)
+    finally:
+        coordinator.close()
+    store.finish_run(warm_id, "completed", {"warmup_for": run_id})
+    store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
+    tensors = backend.global_tensors(coordinator.state)
+    return {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
 
 
 def run_simulation(
@@ -360,36 +457,96 @@ def rounds_left(runs_dir: str | Path, run_id: str) -> int:
     return int(total) - (0 if done != done else int(done))  # NaN: no round yet
 
 
-def _complete(
-    fed: Federation, on_round: Callable[[RoundRecord], None] | None
-) -> dict[str, Any]:
-    """Train the rounds still missing, export the model and close the run."""
+class BestModel:
+    """The global model to export: the round with the best validation AUC, or the last.
+
+    Kept on disk (``best_model.pt``) and offered each round before the round is recorded, so
+    a resumed run still knows the best round of the part it did before the crash.
+    """
+
+    def __init__(self, run_dir: Path, select: str) -> None:
+        self.path = run_dir / BEST_MODEL_FILE
+        self.select = select
+        saved = load_state(self.path) if self.path.exists() else {}
+        self.round: int | None = saved.get("round")
+        self.score: float | None = saved.get("score")
+        self.tensors: dict[str, torch.Tensor] | None = saved.get("tensors")
+
+    def offer(self, record: RoundRecord, tensors: dict[str, torch.Tensor]) -> None:
+        score = _val_score(record)
+        better = score is not None and (self.score is None or score > self.score)
+        if self.select == "last" or self.round is None or better or record.round == self.round:
+            self.round, self.score = record.round, score
+            self.tensors = {k: v.clone() for k, v in tensors.items()}
+            if self.select == "best_val":
+                saved = {"round": self.round, "score": score, "tensors": self.tensors}
+                save_state(saved, self.path)
+
+
+def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:
+    """Train the rounds still missing, export the selected model and close the run."""
     config, coordinator, store = fed.config, fed.coordinator, fed.store
+    backend = coordinator.backend
+    best = BestModel(fed.run_dir, config.select)
+    coordinator.before_commit = lambda record: best.offer(
+        record, backend.global_tensors(coordinator.state)
+    )
     try:
         coordinator.run(config.rounds, on_round)
+        if best.tensors is None:  # select=last and every round was done before a resume
+            best.offer(_last_record(store, fed.run_id), backend.global_tensors(coordinator.state))
+        thresholds = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
     except BaseException as exc:
         _fail(store, fed.run_id, exc)
         raise
     finally:
         coordinator.close()
     summary = summarize(fed.run_id, fed.run_dir, config, store)
-    backend = coordinator.backend
+    summary["selected_round"] = best.round
+    rounds = store.rounds(fed.run_id).set_index("round", drop=False)
     card = model_card(
         summary,
-        store.site_rounds(fed.run_id).query(f"round == {config.rounds}"),
+        rounds.loc[best.round],
+        store.site_rounds(fed.run_id).query(f"round == {best.round}"),
         config,
         backend.hyperparameters(),
         fed.model_config,
-        fed.sites[0].label_names,
+        fed.sites,
     )
-    model_path = export_model(
-        fed.run_dir / "model", backend.global_tensors(coordinator.state), fed.model_config, card
-    )
+    card["threshold"] = thresholds
+    model_path = export_model(fed.run_dir / "model", best.tensors, fed.model_config, card)
     summary["model_path"] = str(model_path)
+    store.add_event(fed.run_id, f"exported the model of round {best.round}")
     store.add_event(fed.run_id, "run completed")
     store.finish_run(fed.run_id, "completed", summary)
     store.close()
     return summary
+
+
+def _last_record(store: RunStore, run_id: str) -> RoundRecord:
+    rounds = store.rounds(run_id)
+    return RoundRecord(round=int(rounds["round"].max()))
+
+
+def _val_score(record: RoundRecord) -> float | None:
+    """Pooled validation AUC, else the mean over sites of their validation AUC."""
+    if record.global_val_auc is not None:
+        return record.global_val_auc
+    values = [s.val_auc for s in record.sites if s.val_auc is not None]
+    return sum(values) / len(values) if values else None
+
+
+def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
+    """Per label, the score threshold maximising Youden's J on the pooled validation scores
+    (0.5 where validation has one class): the model card's operating point."""
+    answers = transport.evaluate(sites, tensors, pooled=True)
+    parts = [a.splits["val"] for a in answers.values() if hasattr(a, "splits")]
+    parts = [p for p in parts if p.scores is not None and p.n > 0]
+    if not parts:
+        return []
+    labels = np.concatenate([p.labels for p in parts])
+    scores = np.concatenate([p.scores for p in parts])
+    return [youden_threshold(labels[:, j], scores[:, j]) for j in range(labels.shape[1])]
 
 
 def _fail(store: RunStore, run_id: str, exc: BaseException) -> None:
@@ -400,17 +557,17 @@ def _fail(store: RunStore, run_id: str, exc: BaseException) -> None:
 
 
 def site_summary(site: SiteData) -> dict[str, Any]:
-    """The data-card summary of a site kept in the store."""
-    summary: dict[str, Any] = {"label_names": site.label_names, **site.meta}
-    for name in ("train", "val", "test"):
-        split = getattr(site, name)
+    """The data-card summary of a site kept in the store: the card, with each split's
+    counts and intensity also at the top level (``train``, ``val``, ``test``)."""
+    card = data_card(site)
+    summary: dict[str, Any] = {**site.meta, **card}
+    for name, stats in card["splits"].items():
+        intensity = stats["intensity"] or {}
         summary[name] = {
-            "n": len(split),
-            "positives": split.positives(),
-            "intensity_mean": float(split.images.mean()) if len(split) else None,
-            "intensity_std": float(split.images.std()) if len(split) > 1 else None,
+            **stats,
+            "intensity_mean": intensity.get("mean"),
+            "intensity_std": intensity.get("std"),
         }
-    summary["image_size"] = list(site.train.images.shape[-2:])
     return summary
 
 
@@ -448,13 +605,16 @@ def _integer(value: Any) -> int | None:
 
 def model_card(
     summary: dict[str, Any],
-    final: pd.DataFrame,
+    selected: pd.Series,
+    site_frame: pd.DataFrame,
     config: SimulationConfig,
     hyperparameters: dict[str, Any],
     model_config: dict[str, Any],
-    label_names: list[str],
+    sites: list[SiteData],
 ) -> dict[str, Any]:
-    sites = [
+    """The card of the exported model: the selected round's metrics (its ``rounds`` row and
+    ``site_rounds`` rows in the store) and the data cards of the sites it was trained on."""
+    site_rows = [
         {
             "site": r.site,
             "n": _integer(r.n),
@@ -464,31 +624,50 @@ def model_card(
             "auc_lo": _number(r.auc_lo),
             "auc_hi": _number(r.auc_hi),
         }
-        for r in final.itertuples()
+        for r in site_frame.itertuples()
     ]
+    synthetic = config.data == "synthetic"
+    if synthetic:
+        description = (
+            f"Synthetic chest-X-ray-like federation of {config.sites} sites "
+            f"({config.image_size} px, seed {config.seed}), generated by "
+            "fed_auc.data.synthetic; no patient data."
+        )
+    else:
+        description = (
+            f"{config.data}, partition {sites[0].meta.get('partition')} into {len(sites)} "
+            f"sites (seed {config.seed}; manifest {PARTITION_FILE} in the run folder), "
+            f"images resized to {config.image_size} px."
+        )
     return {
         "run_id": summary["run_id"],
         "algorithm": config.algorithm,
         "loss": config.loss,
         "seed": config.seed,
         "rounds": config.rounds,
+        "warmup_rounds": config.warmup_rounds,
+        "selection": config.select,
+        "selected_round": int(selected["round"]),
         "model_config": model_config,
-        "label_names": label_names,
+        "image_size": config.image_size,
+        "label_names": sites[0].label_names,
         "hyperparameters": hyperparameters,
-        "global_auc": summary["global_auc"][-1],
+        "global_auc": _number(selected["global_auc"]),
+        "global_val_auc": _number(selected["global_val_auc"]),
         "initial_auc": summary["global_auc"][0],
-        "worst_site_auc": summary["worst_site_auc"][-1],
-        "sites": sites,
-        "data_description": (
-            f"Synthetic chest-X-ray-like federation of {config.sites} sites "
-            f"({config.image_size} px, seed {config.seed}), generated by "
-            "fed_auc.data.synthetic; no patient data."
-        ),
+        "worst_site_auc": _number(selected["worst_site_auc"]),
+        "sites": site_rows,
+        "data_description": description,
+        "data_cards": [data_card(site) for site in sites],
         "intended_use": (
             "Demonstration and testing of federated AUC maximization. Not for clinical use."
         ),
         "limitations": [
-            "Trained on synthetic images: says nothing about performance on real X-rays.",
+            "Trained on synthetic images: says nothing about performance on real X-rays."
+            if synthetic
+            else "Sites are simulated by a partitioner; real hospitals differ in more ways.",
             "AUC confidence intervals are Hanley–McNeil approximations on small test splits.",
+            "The exported round was chosen by validation AUC; its test AUC is still unbiased "
+            "only if the test split played no part in any choice.",
         ],
     }

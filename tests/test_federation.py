@@ -57,7 +57,7 @@ def test_codasca_run_records_every_round_and_site_and_exports_the_model(tmp_path
     model.load_state_dict(exported["state_dict"])
     assert set(exported["auc"]) == {"a", "b", "alpha"}
     card = json.loads((run_dir / "model" / "model_card.json").read_text())
-    assert card["global_auc"] == summary["global_auc"][-1]
+    assert card["global_auc"] == summary["global_auc"][card["selected_round"]]
     assert "Per-site test AUC" in (run_dir / "model" / "MODEL_CARD.md").read_text()
 
 

@@ -89,13 +89,23 @@ def reply_frame(reply: Reply) -> Frame:
         "metrics": reply.metrics,
         "num_examples": reply.num_examples,
         "site": reply.site,
+        "round": reply.round,
+        "phase": reply.phase,
     }
     return tensor_frame(header, reply.tensors)
 
 
 def frame_reply(frame: Frame) -> Reply:
     h = frame[0]
-    return Reply(frame_tensors(frame), h["steps"], h["metrics"], h["num_examples"], h["site"])
+    return Reply(
+        frame_tensors(frame),
+        h["steps"],
+        h["metrics"],
+        h["num_examples"],
+        h["site"],
+        h.get("round"),  # a reply that does not say is refused by the coordinator
+        h.get("phase"),
+    )
 
 
 # -- evaluate ---------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from fed_auc.export import export_model
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Evaluation
+from fed_auc.robust import Aggregation
 from fed_auc.simulation import SimulationConfig, _fail, git_revision, model_card, summarize
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Tensors, Trainable
@@ -209,6 +210,8 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         "image_size": config.image_size,
         "num_labels": config.num_labels,
         "data_scale": config.data_scale,
+        "dp_clip": config.dp_clip,
+        "dp_noise": config.dp_noise,
     }
     transport = FlowerTransport(grid, setup, expected=config.sites, settings=settings)
     try:
@@ -226,18 +229,21 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
             seed=config.seed,
             pooled_scoring=settings.pooled_scoring,
             local_work=config.local_work(sites),
+            max_update_norm=config.max_update_norm,
+            aggregation=Aggregation.parse(config.aggregation),
         )
         store.record_sites(run_id, transport.summaries)
         store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
-        results = coordinator.run(config.rounds, lambda r: log(_progress(r)))
+        coordinator.run(config.rounds, lambda r: log(_progress(r)))
         coordinator.close()
     except BaseException as exc:
         _fail(store, run_id, exc)
         raise
-    summary = summarize(run_id, run_dir, config, results)
+    summary = summarize(run_id, run_dir, config, store)
     label_names = transport.summaries[sites[0]]["label_names"]
     hyper = backend.hyperparameters()
-    card = model_card(summary, results[-1], config, hyper, model.config(), label_names)
+    final_rows = store.site_rounds(run_id).query(f"round == {config.rounds}")
+    card = model_card(summary, final_rows, config, hyper, model.config(), label_names)
     final = backend.global_tensors(coordinator.state)
     summary["model_path"] = str(export_model(run_dir / "model", final, model.config(), card))
     store.add_event(run_id, "run completed")

@@ -29,6 +29,7 @@ from fed_auc.data.synthetic import (
     make_site,
 )
 from fed_auc.node import Node
+from fed_auc.privacy import Privacy
 from fed_auc.simulation import site_summary
 from fed_auc.transport.flower_client import recv_frame, send_frame
 from fed_auc.transport.flower_codec import (
@@ -144,7 +145,15 @@ def build_node(site: SiteConfig, setup: dict[str, Any]) -> Node:
         batch_size=setup["batch_size"],
         min_pos_fraction=setup["min_pos_fraction"],
         seed=setup["seed"] * 1000 + site.index,
+        privacy=_privacy(setup),
     )
+
+
+def _privacy(setup: dict[str, Any]) -> Privacy | None:
+    """Client-side DP as the experiment asks (clip and noise applied here, on the node)."""
+    if setup.get("dp_clip") is None:
+        return None
+    return Privacy(setup["dp_clip"], setup.get("dp_noise", 0.0), setup["seed"])
 
 
 def new_authkey(path: Path) -> bytes:

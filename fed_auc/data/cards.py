@@ -1,0 +1,121 @@
+"""Data cards: what each site's data is, in numbers and words (Markdown + JSON).
+
+Per site and split: counts, positives, unknowns and prevalence per label; image size and
+intensity statistics; patient count; source, license, intended use and known limits. The
+same dict is the site summary the run store keeps (`sites` table).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fed_auc.data.base import SiteData
+from fed_auc.data.pool import SPLITS
+from fed_auc.io import save_json, save_text
+
+SYNTHETIC_NOTE = {
+    "intended_use": "Demonstration and testing of federated AUC maximization.",
+    "limits": [
+        "Procedural images: results say nothing about real X-rays.",
+        "Site differences (prevalence, scanner shift, size) are chosen, not measured.",
+    ],
+}
+FILE_NOTE = {
+    "intended_use": "Research on federated AUC maximization; not for clinical decisions.",
+    "limits": [
+        "Sites made by a partitioner are simulated hospitals, not real ones.",
+        "Labels are as given by the source (no re-reading); uncertain labels follow the "
+        "chosen policy.",
+    ],
+}
+
+
+def data_card(site: SiteData) -> dict[str, Any]:
+    """The card of one site as a JSON-able dict."""
+    meta = dict(site.meta)
+    note = SYNTHETIC_NOTE if meta.get("source") == "synthetic" else FILE_NOTE
+    card: dict[str, Any] = {
+        "site": site.name,
+        "source": meta.pop("source", "unknown"),
+        "license": meta.pop("license", "see the source dataset"),
+        "label_names": list(site.label_names),
+        "image_size": list(site.train.images.shape[-2:]),
+        "patients": meta.pop("patients", None),
+        "skipped_images": meta.pop("skipped_images", 0),
+        "splits": {name: split_stats(getattr(site, name)) for name in SPLITS},
+        "intended_use": meta.pop("intended_use", note["intended_use"]),
+        "limits": list(note["limits"]),
+        "details": meta,
+    }
+    return card
+
+
+def split_stats(split) -> dict[str, Any]:
+    """Counts, prevalence per label and intensity statistics of one split."""
+    n = len(split)
+    known, positives = split.known(), split.positives()
+    pixels = split.images
+    return {
+        "n": n,
+        "positives": positives,
+        "known": known,
+        "prevalence": [p / k if k else None for p, k in zip(positives, known, strict=True)],
+        "intensity": None
+        if n == 0
+        else {
+            "mean": float(pixels.mean()),
+            "std": float(pixels.std()) if pixels.numel() > 1 else 0.0,
+            "p05": float(torch.quantile(pixels.flatten()[:1_000_000], 0.05)),
+            "p95": float(torch.quantile(pixels.flatten()[:1_000_000], 0.95)),
+        },
+    }
+
+
+def render_card(card: dict[str, Any]) -> str:
+    """The card as Markdown."""
+    lines = [
+        f"# Data card — {card['site']}",
+        "",
+        f"- Source: `{card['source']}`",
+        f"- License: {card['license']}",
+        f"- Image size: {card['image_size'][0]}×{card['image_size'][1]} px, 1 channel, "
+        "intensities in [0, 1]",
+        f"- Patients: {card['patients'] if card['patients'] is not None else 'no patient ids'}",
+        f"- Unreadable images skipped: {card['skipped_images']}",
+        "",
+        "| split | n | label | positives | known | prevalence | mean intensity | std |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in card["splits"].items():
+        stats = s["intensity"] or {}
+        for j, label in enumerate(card["label_names"]):
+            prev = s["prevalence"][j]
+            lines.append(
+                f"| {name} | {s['n']} | {label} | {s['positives'][j]} | {s['known'][j]} | "
+                f"{'—' if prev is None else f'{prev:.3f}'} | {_num(stats.get('mean'))} | "
+                f"{_num(stats.get('std'))} |"
+            )
+    lines += ["", "## Intended use", "", card["intended_use"], "", "## Known limits", ""]
+    lines += [f"- {item}" for item in card["limits"]]
+    if card["details"]:
+        lines += ["", "## Details", "", *[f"- {k}: {v}" for k, v in card["details"].items()]]
+    return "\n".join(lines) + "\n"
+
+
+def write_cards(sites: list[SiteData], out_dir: str | Path) -> list[Path]:
+    """``<site>.json`` and ``<site>.md`` per site; returns the Markdown paths."""
+    out_dir = Path(out_dir)
+    paths = []
+    for site in sites:
+        card = data_card(site)
+        save_json(card, out_dir / f"{site.name}.json")
+        paths.append(out_dir / f"{site.name}.md")
+        save_text(render_card(card), paths[-1])
+    return paths
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"

@@ -1,0 +1,193 @@
+"""A CSV of image paths and labels (CheXpert layout works as is); PNG/JPEG and DICOM images.
+
+Columns: an image path column (``Path``, ``path`` or ``image``), label columns (the five
+CheXpert competition findings when present, else ``label``), optional ``site``, patient id
+(``patient_id``/``PatientID``/``patient``, or the ``patientNNNNN`` part of a CheXpert path),
+``split`` (train/val/test) and ``Frontal/Lateral``. Label cells: 1, 0, -1 (uncertain, mapped
+by a policy) or blank (unknown, ignored by losses and metrics).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from fed_auc.data.pool import SPLITS, ImagePool, resize
+
+CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
+UNCERTAIN_POLICIES = {"zeros": 0.0, "ones": 1.0, "ignore": float("nan")}
+IMAGE_COLUMNS = ("Path", "path", "image")
+SITE_COLUMNS = ("site", "Site")
+PATIENT_COLUMNS = ("patient_id", "PatientID", "patient")
+_CHEXPERT_PATIENT = re.compile(r"(patient\d+)")
+_VALUES = {"1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "-1": -1.0, "-1.0": -1.0, "": None}
+
+
+class BadImageError(ValueError):
+    """An image file that is missing or cannot be decoded."""
+
+
+def load_csv_images(
+    csv_path: str | Path,
+    root: str | Path | None = None,
+    image_size: int = 64,
+    label_columns: list[str] | None = None,
+    uncertain: str = "zeros",
+    frontal_only: bool = False,
+    skip_bad_images: bool = False,
+) -> ImagePool:
+    """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
+    folder), resized to `image_size`. Errors name the CSV line, column and value."""
+    csv_path = Path(csv_path)
+    if uncertain not in UNCERTAIN_POLICIES:
+        raise ValueError(
+            f"uncertain policy must be one of {list(UNCERTAIN_POLICIES)}, got {uncertain!r}"
+        )
+    try:
+        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ValueError(f"cannot read CSV {csv_path}: {exc}") from None
+    table["_line"] = np.arange(len(table)) + 2  # header is line 1
+    image_column = _first(table, IMAGE_COLUMNS)
+    if image_column is None:
+        raise ValueError(
+            f"{csv_path}: no image path column; expected one of {list(IMAGE_COLUMNS)}, "
+            f"found {list(table.columns[:-1])}"
+        )
+    if label_columns is None:
+        found = [c for c in CHEXPERT_FINDINGS if c in table.columns]
+        label_columns = found or ["label"]
+    missing = [c for c in label_columns if c not in table.columns]
+    if missing:
+        raise ValueError(
+            f"{csv_path}: missing label column(s) {missing}; found {list(table.columns[:-1])}"
+        )
+    if frontal_only:
+        if "Frontal/Lateral" not in table.columns:
+            raise ValueError(f"{csv_path}: frontal_only needs a 'Frontal/Lateral' column")
+        table = table[table["Frontal/Lateral"].str.strip().str.lower() == "frontal"]
+    if len(table) == 0:
+        raise ValueError(f"{csv_path}: no rows to read")
+    labels = np.stack([_label_column(csv_path, table, c, uncertain) for c in label_columns], 1)
+    root = Path(root) if root is not None else csv_path.parent
+    images, keep, skipped = [], [], []
+    for i, (line, rel) in enumerate(zip(table["_line"], table[image_column], strict=True)):
+        try:
+            images.append(read_image(root / rel, image_size))
+            keep.append(i)
+        except BadImageError as exc:
+            if not skip_bad_images:
+                raise BadImageError(f"{csv_path} line {line}: {exc}") from None
+            skipped.append(f"line {line}: {rel}")
+    if skipped:
+        warnings.warn(
+            f"{csv_path}: skipped {len(skipped)} unreadable image(s), first: {skipped[0]}",
+            stacklevel=2,
+        )
+    if not keep:
+        raise ValueError(f"{csv_path}: no readable image")
+    table = table.iloc[keep]
+    return ImagePool(
+        images=torch.stack(images),
+        labels=torch.from_numpy(labels[keep]),
+        label_names=list(label_columns),
+        source=f"csv:{csv_path}",
+        split=_split_column(csv_path, table),
+        site=_column(table, SITE_COLUMNS),
+        patient=_patients(table, image_column),
+        meta={
+            "file": str(csv_path),
+            "uncertain_policy": uncertain,
+            "frontal_only": frontal_only,
+            "skipped_images": len(skipped),
+            "skipped_examples": skipped[:10],
+        },
+    )
+
+
+def read_image(path: Path, size: int) -> torch.Tensor:
+    """One grayscale image as float32 (1, size, size) in [0, 1]; DICOM by suffix .dcm."""
+    if not path.is_file():
+        raise BadImageError(f"image {path} not found")
+    try:
+        if path.suffix.lower() == ".dcm":
+            pixels = _dicom_pixels(path)
+        else:
+            with Image.open(path) as img:
+                pixels = np.asarray(img.convert("L"), dtype=np.float32) / 255.0
+    except (OSError, UnidentifiedImageError, ValueError, AttributeError) as exc:
+        raise BadImageError(f"cannot read image {path}: {exc}") from None
+    return resize(torch.from_numpy(pixels)[None, None], size)[0]
+
+
+def _dicom_pixels(path: Path) -> np.ndarray:
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    try:
+        ds = pydicom.dcmread(path)
+        pixels = ds.pixel_array.astype(np.float32)
+    except InvalidDicomError as exc:
+        raise ValueError(str(exc)) from None
+    if pixels.ndim != 2:
+        raise ValueError(f"expected a 2-D grayscale DICOM, pixel array shape {pixels.shape}")
+    low, high = float(pixels.min()), float(pixels.max())
+    pixels = (pixels - low) / (high - low) if high > low else np.zeros_like(pixels)
+    if getattr(ds, "PhotometricInterpretation", "") == "MONOCHROME1":
+        pixels = 1.0 - pixels  # MONOCHROME1 shows high values dark
+    return pixels
+
+
+def _label_column(csv_path: Path, table: pd.DataFrame, column: str, uncertain: str) -> np.ndarray:
+    out = np.empty(len(table), dtype=np.float32)
+    for i, (line, raw) in enumerate(zip(table["_line"], table[column], strict=True)):
+        value = _VALUES.get(raw.strip(), "bad")
+        if value == "bad":
+            raise ValueError(
+                f"{csv_path} line {line}, column {column!r}: label {raw!r} is not one of "
+                "1, 0, -1 or blank"
+            )
+        if value is None:
+            out[i] = np.nan
+        elif value == -1.0:
+            out[i] = UNCERTAIN_POLICIES[uncertain]
+        else:
+            out[i] = value
+    return out
+
+
+def _first(table: pd.DataFrame, names: tuple[str, ...]) -> str | None:
+    return next((c for c in names if c in table.columns), None)
+
+
+def _column(table: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray | None:
+    name = _first(table, names)
+    return None if name is None else table[name].str.strip().to_numpy()
+
+
+def _patients(table: pd.DataFrame, image_column: str) -> np.ndarray | None:
+    column = _column(table, PATIENT_COLUMNS)
+    if column is not None:
+        return column
+    found = table[image_column].str.extract(_CHEXPERT_PATIENT)[0]
+    return None if found.isna().any() else found.to_numpy()
+
+
+def _split_column(csv_path: Path, table: pd.DataFrame) -> np.ndarray | None:
+    if "split" not in table.columns:
+        return None
+    split = table["split"].str.strip().str.lower().replace({"valid": "val", "validation": "val"})
+    bad = ~split.isin(SPLITS)
+    if bad.any():
+        line = table["_line"][bad].iloc[0]
+        raise ValueError(
+            f"{csv_path} line {line}, column 'split': {table['split'][bad].iloc[0]!r} is not "
+            f"one of {list(SPLITS)}"
+        )
+    return split.to_numpy()

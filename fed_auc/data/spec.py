@@ -1,0 +1,152 @@
+"""``--data SPEC``: which source to read. ``synthetic`` (default), ``medmnist:PATH``,
+``csv:PATH[:ROOT]`` (ROOT: where relative image paths start; default the CSV's folder)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fed_auc.data.base import SiteData
+from fed_auc.data.pool import ImagePool
+
+KINDS = ("synthetic", "medmnist", "csv")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str
+    path: Path | None = None
+    root: Path | None = None
+
+    @property
+    def default_partition(self) -> str:
+        """What `--partition` means when not given: the file's own sites, else iid."""
+        return "natural" if self.kind == "csv" else "iid"
+
+
+def parse_data_spec(text: str) -> DataSpec:
+    """Parse a spec; errors say what forms are valid."""
+    kind, _, rest = text.partition(":")
+    if kind not in KINDS:
+        raise ValueError(
+            f"data spec {text!r}: unknown source {kind!r}; use synthetic, medmnist:PATH or "
+            "csv:PATH[:ROOT]"
+        )
+    if kind == "synthetic":
+        if rest:
+            raise ValueError(f"data spec {text!r}: synthetic takes no path")
+        return DataSpec(kind)
+    if not rest:
+        raise ValueError(f"data spec {text!r}: {kind} needs a path, e.g. {kind}:data/file")
+    path, _, root = rest.partition(":") if kind == "csv" else (rest, "", "")
+    return DataSpec(kind, Path(path), Path(root) if root else None)
+
+
+def load_pool(
+    spec: DataSpec,
+    image_size: int,
+    uncertain: str = "zeros",
+    frontal_only: bool = False,
+    skip_bad_images: bool = False,
+) -> ImagePool:
+    """Read a file source (not synthetic) into one pool of images resized to `image_size`."""
+    if spec.kind == "medmnist":
+        from fed_auc.data.medmnist import load_medmnist
+
+        return load_medmnist(spec.path, image_size)
+    if spec.kind == "csv":
+        from fed_auc.data.csv_images import load_csv_images
+
+        return load_csv_images(
+            spec.path,
+            spec.root,
+            image_size=image_size,
+            uncertain=uncertain,
+            frontal_only=frontal_only,
+            skip_bad_images=skip_bad_images,
+        )
+    raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
+
+
+def load_sites(
+    data: str,
+    partition: str | None,
+    sites: int | None,
+    seed: int,
+    image_size: int,
+    num_labels: int = 1,
+    data_scale: float = 1.0,
+    feature_shift: float = 0.0,
+    uncertain: str = "zeros",
+    frontal_only: bool = False,
+    skip_bad_images: bool = False,
+) -> tuple[list, dict | None]:
+    """The sites of a run and the partition manifest (None for synthetic, whose sites are
+    the fixed hospital profiles)."""
+    spec = parse_data_spec(data)
+    if spec.kind == "synthetic":
+        from fed_auc.data.synthetic import make_synthetic_federation
+
+        if partition is not None:
+            raise ValueError("partition applies to file sources; synthetic sites are profiles")
+        federation = make_synthetic_federation(
+            num_sites=sites or 4,
+            image_size=image_size,
+            num_labels=num_labels,
+            seed=seed,
+            scale=data_scale,
+        )
+        return federation, None
+    from fed_auc.data.partition import partition_pool
+
+    pool = load_pool(spec, image_size, uncertain, frontal_only, skip_bad_images)
+    return partition_pool(
+        pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
+    )
+
+
+SITE_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images")
+
+
+def site_from_config(
+    name: str, table: Mapping[str, Any], image_size: int, seed: int = 0
+) -> SiteData:
+    """A node's own data from the ``[data]`` table of its site TOML.
+
+    ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
+    has that value; ``uncertain``, ``frontal_only`` and ``skip_bad_images`` as for
+    ``--data``. Without a split column the rows are split 70/10/20 by patient (seeded).
+    """
+    unknown = sorted(set(table) - set(SITE_KEYS))
+    if unknown or "spec" not in table:
+        raise ValueError(
+            f"site {name!r}: [data] needs 'spec' and takes only {list(SITE_KEYS)}; "
+            f"unknown {unknown}"
+        )
+    spec = parse_data_spec(str(table["spec"]))
+    if spec.kind == "synthetic":
+        raise ValueError(f"site {name!r}: [data] spec must be a file source, got 'synthetic'")
+    pool = load_pool(
+        spec,
+        image_size,
+        uncertain=table.get("uncertain", "zeros"),
+        frontal_only=bool(table.get("frontal_only", False)),
+        skip_bad_images=bool(table.get("skip_bad_images", False)),
+    )
+    if "site" in table:
+        if pool.site is None:
+            raise ValueError(f"site {name!r}: {spec.path} has no site column to select from")
+        rows = np.flatnonzero(pool.site == str(table["site"]))
+        if len(rows) == 0:
+            raise ValueError(f"site {name!r}: no rows with site {table['site']!r} in {spec.path}")
+        pool = pool.subset(rows)
+
+    from fed_auc.data.partition import partition_pool
+
+    (site,), _ = partition_pool(pool, "iid", 1, seed)
+    site.name = name
+    return site

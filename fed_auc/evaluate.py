@@ -1,0 +1,226 @@
+"""Batch evaluation of a registered model: per site and pooled, per label, with uncertainty.
+
+For every site (and all sites pooled) and every label: n, positives, prevalence, AUC with a
+percentile-bootstrap 95 % CI, ROC points, and sensitivity / specificity at the model card's
+operating threshold; plus the worst-site AUC. A site with one class gets the explicit
+"AUC undefined: no positives" (or negatives) instead of a number. Writes JSON, CSV and a ROC
+plot. Models load only from the registry format (`fed_auc.export.MODEL_FORMAT`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from fed_auc.data.base import SiteData, Split
+from fed_auc.export import MODEL_FORMAT
+from fed_auc.io import save_json
+from fed_auc.metrics import auc_of
+from fed_auc.models import DenseNetClassifier, model_from_config
+
+POOLED = "pooled"
+
+
+def youden_threshold(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Score threshold maximising sensitivity + specificity − 1 (0.5 with one class)."""
+    known = ~np.isnan(labels)
+    y, s = labels[known].astype(int), scores[known]
+    if len(y) == 0 or y.min() == y.max():
+        return 0.5
+    fpr, tpr, thresholds = roc_curve(y, s)
+    return float(min(thresholds[int(np.argmax(tpr - fpr))], 1.0))
+
+
+def load_registered_model(path: str | Path) -> tuple[DenseNetClassifier, dict[str, Any]]:
+    """The network and card of a ``model.pt`` (or a folder holding one); anything that is not
+    the registry format is refused with the reason."""
+    path = Path(path)
+    file = path / "model.pt" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"model {path}: no model.pt found (expected a {MODEL_FORMAT} file)")
+    try:
+        blob = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for foreign or corrupt files
+        raise ValueError(
+            f"model {file}: not a {MODEL_FORMAT} file ({type(exc).__name__}: {exc})"
+        ) from None
+    found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+    if found != MODEL_FORMAT:
+        raise ValueError(
+            f"model {file}: format {found!r}; fed-auc evaluate loads only {MODEL_FORMAT} "
+            "(what `fed-auc simulate` exports to <run>/model/model.pt)"
+        )
+    model = model_from_config(blob["model_config"])
+    model.load_state_dict(blob["state_dict"])
+    card_file = file.parent / "model_card.json"
+    card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+    card.setdefault("label_names", blob["label_names"])
+    return model.eval(), card
+
+
+@torch.no_grad()
+def score(model: DenseNetClassifier, images: torch.Tensor, batch: int = 256) -> np.ndarray:
+    """sigmoid(logit) per image and label."""
+    chunks = [torch.sigmoid(model(images[i : i + batch])) for i in range(0, len(images), batch)]
+    return torch.cat(chunks).numpy() if chunks else np.zeros((0, model.num_labels), np.float32)
+
+
+def bootstrap_ci(
+    labels: np.ndarray, scores: np.ndarray, n_boot: int, seed: int = 0, level: float = 0.95
+) -> tuple[float | None, float | None]:
+    """Percentile bootstrap CI of the AUC (resamples with one class are skipped)."""
+    if n_boot <= 0:
+        return None, None
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(labels), len(labels))
+        y = labels[idx]
+        if 0 < y.sum() < len(y):
+            values.append(roc_auc_score(y, scores[idx]))
+    if not values:
+        return None, None
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
+
+
+def label_result(
+    labels: np.ndarray, scores: np.ndarray, threshold: float, n_boot: int, seed: int
+) -> dict[str, Any]:
+    """Everything reported for one label on one site."""
+    known = ~np.isnan(labels)
+    y, s = labels[known].astype(int), scores[known]
+    result = auc_of(labels, scores)
+    positives = int(y.sum())
+    out: dict[str, Any] = {
+        "n": int(len(y)),
+        "positives": positives,
+        "prevalence": positives / len(y) if len(y) else None,
+        "auc": result.auc,
+        "ci_lo": None,
+        "ci_hi": None,
+        "note": result.reason,
+        "threshold": threshold,
+        "sensitivity": float((s[y == 1] >= threshold).mean()) if positives else None,
+        "specificity": float((s[y == 0] < threshold).mean()) if len(y) > positives else None,
+        "roc": None,
+    }
+    if result.auc is not None:
+        out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)
+        fpr, tpr, cut = roc_curve(y, s)
+        cut[0] = min(cut[0], 1.0)  # sklearn's first threshold is +inf: no JSON for that
+        out["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "threshold": cut.tolist()}
+    return out
+
+
+def evaluate_model(
+    model: DenseNetClassifier,
+    card: dict[str, Any],
+    sites: dict[str, Split],
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Per-site and pooled results for every label; `sites` maps a name to its split."""
+    names = card["label_names"]
+    num = len(names)
+    if model.num_labels != num:
+        raise ValueError(f"model has {model.num_labels} outputs, its card {num} labels")
+    for site, split in sites.items():
+        if split.num_labels != num:
+            raise ValueError(
+                f"site {site}: data has {split.num_labels} label(s), the model {num} ({names})"
+            )
+    thresholds = list(card.get("threshold") or [0.5] * num)
+    scored = {
+        site: (split.labels.numpy(), score(model, split.images)) for site, split in sites.items()
+    }
+    if len(scored) > 1:
+        scored[POOLED] = tuple(
+            np.concatenate(parts) for parts in zip(*scored.values(), strict=True)
+        )
+    results: dict[str, Any] = {"label_names": names, "bootstrap": n_boot, "sites": {}}
+    for site, (labels, scores) in scored.items():
+        results["sites"][site] = {
+            label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)
+            for j, label in enumerate(names)
+        }
+    results["worst_site_auc"] = {}
+    for label in names:
+        defined = {
+            site: r[label]["auc"]
+            for site, r in results["sites"].items()
+            if site != POOLED and r[label]["auc"] is not None
+        }
+        worst = min(defined, key=defined.get) if defined else None
+        results["worst_site_auc"][label] = (
+            {"site": worst, "auc": defined[worst]} if worst else {"site": None, "auc": None}
+        )
+    return results
+
+
+def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, Split]:
+    """The split to score per site, or all sites' rows as one ``all`` site."""
+    splits = {s.name: getattr(s, split) for s in sites}
+    if by_site:
+        return splits
+    parts = list(splits.values())
+    images = torch.cat([p.images for p in parts])
+    return {"all": Split(images, torch.cat([p.labels for p in parts]))}
+
+
+def results_table(results: dict[str, Any]) -> pd.DataFrame:
+    """One row per site and label (no ROC points)."""
+    rows = [
+        {"site": site, "label": label, **{k: v for k, v in r.items() if k != "roc"}}
+        for site, labels in results["sites"].items()
+        for label, r in labels.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def plot_roc(results: dict[str, Any], path: Path) -> None:
+    """One panel per label, one curve per site (pooled dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = results["label_names"]
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), squeeze=False)
+    for ax, label in zip(axes[0], names, strict=True):
+        for site, labels in results["sites"].items():
+            r = labels[label]
+            if r["roc"] is None:
+                continue
+            style = "--" if site == POOLED else "-"
+            ax.plot(r["roc"]["fpr"], r["roc"]["tpr"], style, label=f"{site} {r['auc']:.3f}")
+        ax.plot([0, 1], [0, 1], ":", color="grey")
+        ax.set(title=label, xlabel="1 − specificity", ylabel="sensitivity")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "AUC undefined at every site", ha="center")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_results(results: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """``evaluation.json``, ``evaluation.csv`` and ``roc.png`` in `out_dir`."""
+    out_dir = Path(out_dir)
+    paths = {
+        "json": out_dir / "evaluation.json",
+        "csv": out_dir / "evaluation.csv",
+        "roc": out_dir / "roc.png",
+    }
+    save_json(results, paths["json"])
+    results_table(results).to_csv(paths["csv"], index=False)
+    plot_roc(results, paths["roc"])
+    return paths
