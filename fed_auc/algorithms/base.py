@@ -53,9 +53,9 @@ class Reply:
     metrics: dict[str, float] = field(default_factory=dict)
     num_examples: int = 0  # filled in by the node, which knows its data
     site: str = ""
-    trained_groups: list[str] | None = None  # partial training: the layer groups sent; None = all
     round: int | None = None  # the broadcast's round and phase, echoed by the node so the
     phase: str | None = None  # coordinator can refuse a reply meant for another request
+    trained_groups: list[str] | None = None  # partial training: the layer groups sent; None = all
 
 
 @dataclass(frozen=True)
