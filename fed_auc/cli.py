@@ -59,6 +59,25 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="a further hyperparameter of the backend (repeatable), e.g. server_lr=0.5",
     )
     p.add_argument(
+        "--partial-training",
+        action="store_true",
+        default=None,
+        help="EmbracingFL: weak sites train only the output-side layer groups their memory fits",
+    )
+    p.add_argument(
+        "--site-memory",
+        type=lambda text: [b.strip() for b in text.split(",")],
+        help="per-site memory budgets, comma-separated: fraction of a full step (0.15), bytes "
+        "or 64MiB (default with --partial-training: strong, moderate 0.4, weak 0.15 tiers)",
+    )
+    p.add_argument("--personalize", choices=["head", "l2"], help="LSGD-PFL personal models")
+    p.add_argument("--personal-lambda", type=float, help="λ of --personalize l2 (default 1)")
+    p.add_argument(
+        "--personal-lr-ratio",
+        type=float,
+        help="--personalize head: head lr / shared lr (default: the number of sites)",
+    )
+    p.add_argument(
         "--max-update-norm",
         type=float,
         help="reject a reply whose update ‖w_k − w‖ exceeds this bound (default: no bound)",

@@ -16,7 +16,7 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.local_work import LocalWork
 from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
+from fed_auc.partial import model_groups
 from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Trainable
@@ -83,6 +84,7 @@ class Coordinator:
         local_work: LocalWork | None = None,
         max_update_norm: float | None = None,
         aggregation: Aggregation | None = None,
+        personal: Collection[str] = (),
     ) -> None:
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
@@ -97,6 +99,8 @@ class Coordinator:
         self.local_work = local_work
         self.max_update_norm = max_update_norm
         self.aggregation = aggregation or Aggregation()
+        self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
+        self.groups = model_groups(trainable.names())  # layer groups, None for toy models
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
         self.pos_ratio = global_prevalence(registrations)
@@ -228,7 +232,9 @@ class Coordinator:
                 record.events.append((site, "error", f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
-                validate_answer(answer, site, requests[site], layout, self.max_update_norm)
+                validate_answer(
+                    answer, site, requests[site], layout, self.max_update_norm, self.personal
+                )
             except InvalidReply as exc:
                 row.status = "rejected"
                 record.events.append((site, "error", f"{phase}: rejected: {exc}"))
@@ -238,6 +244,7 @@ class Coordinator:
             if row.status in ("idle", "completed"):
                 row.status = "completed"
             row.steps = (row.steps or 0) + answer.steps
+            row.trained_groups = answer.trained_groups or self.groups
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
@@ -269,6 +276,11 @@ class Coordinator:
             row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
             row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
             row.metrics["roc"] = test.roc
+            if answer.personal is not None:
+                personal = answer.personal["test"].aucs
+                row.personal_auc = mean_auc(personal)
+                if len(personal) == 1:
+                    row.personal_auc_lo, row.personal_auc_hi = personal[0].lo, personal[0].hi
         site_aucs = {s: rows[s].auc for s in evaluations}
         defined = [a for a in site_aucs.values() if a is not None]
         record.worst_site_auc = min(defined) if defined else None

@@ -58,6 +58,10 @@ class DenseNetClassifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, num_labels) logits."""
+        return self.net(self.prepare(x))
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """Check the image batch and upsample it to the network's minimum side."""
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"expected images of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
@@ -66,7 +70,7 @@ class DenseNetClassifier(nn.Module):
         if height < MIN_SIDE or width < MIN_SIDE:
             size = (max(height, MIN_SIDE), max(width, MIN_SIDE))
             x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-        return self.net(x)
+        return x
 
     def config(self) -> dict[str, Any]:
         """JSON-able description from which `model_from_config` rebuilds the architecture."""

@@ -33,6 +33,8 @@ from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
+from fed_auc.partial import choose_groups, memory_table, parse_budget
+from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
@@ -59,6 +61,7 @@ class Evaluation:
     site: str
     splits: dict[str, SplitEvaluation] = field(default_factory=dict)
     duration_s: float = 0.0
+    personal: dict[str, SplitEvaluation] | None = None  # the site's personal model, if any
 
 
 class Node:
@@ -74,6 +77,8 @@ class Node:
         batch_size: int = 32,
         min_pos_fraction: float = 0.05,
         seed: int = 0,
+        memory_budget: float | int | str | None = None,
+        personalization: Personalization | None = None,
         privacy: Privacy | None = None,
     ) -> None:
         self.site = site
@@ -86,6 +91,17 @@ class Node:
         model = model_from_config(model_config)
         loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
         self.trainable = Trainable(model, loss)
+        if memory_budget is not None:  # partial training: the suffix the budget allows
+            where = f"site {site.name!r} memory_budget"
+            table = memory_table(model_config, batch_size, int(site.train.images.shape[-1]))
+            groups = choose_groups(table, parse_budget(memory_budget, where), where)
+            if groups is not None:
+                self.trainable.train_only(groups)
+        self.personalization = personalization
+        if personalization is not None:
+            personalization.check_backend(backend)
+            personalization.setup(self.trainable)
+        self._personal: dict[str, Any] = {}  # personal model (personalization), same file
         self.batches = BatchStream(
             site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
         )
@@ -100,25 +116,43 @@ class Node:
     def registration(self) -> dict[str, Any]:
         """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
         split = self.site.train
-        return {"n": len(split), "positives": split.positives(), "known": split.known()}
+        return {
+            "n": len(split),
+            "positives": split.positives(),
+            "known": split.known(),
+            "trained_groups": self.trainable.trained_groups,
+        }
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
         self._sync_local_state(broadcast)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        reply, self._local_state = self.backend.client_update(
-            broadcast, self._local_state, self.trainable, self.batches
-        )
+        if self.personalization is None:
+            reply, self._local_state = self.backend.client_update(
+                broadcast, self._local_state, self.trainable, self.batches
+            )
+        else:
+            reply, self._local_state, self._personal = self.personalization.train(
+                self.backend,
+                broadcast,
+                self._local_state,
+                self._personal,
+                self.trainable,
+                self.batches,
+            )
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
         state = {
             "tag": self._pending_tag,
             "backend": self._local_state,
             "sampler": self.batches.state_dict(),
         }
+        if self._personal:
+            state["personal"] = self._personal
         save_state(state, self.pending_path)
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
+        reply.trained_groups = self.trainable.trained_groups
         if self.privacy is not None:
             reply = self.privacy.privatize(reply, broadcast, self.name)
         return reply
@@ -153,6 +187,7 @@ class Node:
         saved = load_state(path) if path.exists() else {}
         self.batches.load_state_dict(saved.get("sampler", self._initial_sampler))
         self._local_state = saved.get("backend", {})
+        self._personal = saved.get("personal", {})
 
     @torch.no_grad()
     def evaluate(
@@ -160,13 +195,28 @@ class Node:
     ) -> Evaluation:
         """Score the given model on local splits: AUC with CI per label, and counts."""
         start = time.perf_counter()
+        result = Evaluation(self.name, self._score(tensors, splits, pooled))
+        if self.personalization is not None:  # and the site's own model, scored here only
+            if self._local_state is None:  # nothing loaded yet: the latest state on disk
+                newest = self.pending_path if self.pending_path.exists() else self.state_path
+                saved = load_state(newest) if newest.exists() else {}
+                self._personal = saved.get("personal", {})
+            personal = self.personalization.model(tensors, self._personal)
+            if personal is not None:
+                result.personal = self._score(personal, splits, pooled=False)
+        result.duration_s = time.perf_counter() - start
+        return result
+
+    def _score(
+        self, tensors: Tensors, splits: tuple[str, ...], pooled: bool
+    ) -> dict[str, SplitEvaluation]:
         self.trainable.load(tensors)
-        result = Evaluation(self.name)
+        out = {}
         for name in splits:
             split: Split = getattr(self.site, name)
             scores = self.scores(split.images)
             labels = split.labels.numpy()
-            result.splits[name] = SplitEvaluation(
+            out[name] = SplitEvaluation(
                 n=len(split),
                 positives=split.positives(),
                 aucs=per_label_auc(labels, scores),
@@ -174,8 +224,7 @@ class Node:
                 labels=labels if pooled else None,
                 roc=per_label_roc(labels, scores) if name == "test" else None,
             )
-        result.duration_s = time.perf_counter() - start
-        return result
+        return out
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor) -> np.ndarray:

@@ -34,6 +34,8 @@ from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
 from fed_auc.models import ARCHITECTURES, DenseNetClassifier, build_model, model_from_config
 from fed_auc.node import Node
+from fed_auc.partial import parse_budget
+from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore
@@ -99,6 +101,14 @@ class SimulationConfig:
     dp_clip: float | None = None
     dp_noise: float = 0.0
     runs_dir: str = "runs"
+    # EmbracingFL: each site trains the output-side suffix its memory budget allows. Budgets
+    # per site (fraction of a full step, bytes or "64MiB"); default strong/moderate/weak tiers.
+    partial_training: bool = False
+    site_memory: list | None = None  # items: float, int or str
+    # LSGD-PFL personalization: None, "head" or "l2"; λ for l2; head lr ratio (None = sites)
+    personalize: str | None = None
+    personal_lambda: float = 1.0
+    personal_lr_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss is None:
@@ -152,6 +162,20 @@ class SimulationConfig:
             Privacy(self.dp_clip, self.dp_noise)  # validates both
         elif self.dp_noise:
             raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+        if self.site_memory is not None and not self.partial_training:
+            raise ValueError("site_memory needs partial_training (--partial-training)")
+        for i, budget in enumerate(self.memory_budgets()):
+            if budget is not None:
+                parse_budget(budget, f"site_memory[{i}]")
+        if self.site_memory is not None and len(self.site_memory) != self.sites:
+            raise ValueError(
+                f"site_memory needs one budget per site ({self.sites}), got {self.site_memory!r}"
+            )
+        personalization = self.personalization()
+        if personalization is not None:
+            personalization.check_backend(
+                build_backend(self.algorithm, **self.backend_hyperparameters())
+            )
         build_backend(self.algorithm, **self.backend_hyperparameters())  # validates them
 
     def backend_hyperparameters(self) -> dict[str, Any]:
@@ -169,6 +193,21 @@ class SimulationConfig:
         if self.stage_output is not None:  # refused by backends without stages
             common["stage_output"] = self.stage_output
         return {**common, **self.backend_options}
+
+    def memory_budgets(self) -> list[float | int | str | None]:
+        """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
+        if not self.partial_training:
+            return [None] * self.sites
+        if self.site_memory is not None:
+            return list(self.site_memory)
+        tier = self.sites // 3
+        return [1.0] * (self.sites - 2 * tier) + [0.4] * tier + [0.15] * tier
+
+    def personalization(self) -> Personalization | None:
+        if self.personalize is None:
+            return None
+        ratio = self.sites if self.personal_lr_ratio is None else self.personal_lr_ratio
+        return Personalization(self.personalize, self.personal_lambda, ratio)
 
     def local_work(self, site_names: list[str]) -> LocalWork | None:
         """Per-site τ_i, or None when every site does the backend's ``local_steps``."""
@@ -193,6 +232,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "bool": (bool,),
     "list[int]": (list,),
+    "list": (list,),  # checked item by item by the option's own validation
     "dict[str, Any]": (dict,),
 }
 
@@ -281,6 +321,7 @@ def build_federation(config: SimulationConfig, run_id: str | None = None) -> Fed
     if run_id is None:
         run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
     run_dir = Path(config.runs_dir) / run_id
+    personalization = config.personalization()
     if manifest is not None:
         save_json(manifest, run_dir / PARTITION_FILE)
     started = resuming and not store.rounds(run_id).empty
@@ -297,6 +338,7 @@ def build_federation(config: SimulationConfig, run_id: str | None = None) -> Fed
             participation=config.participation,
             seed=config.seed,
             local_work=config.local_work([site.name for site in sites]),
+            personal=personalization.personal_names(server.names()) if personalization else (),
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
         )
@@ -335,8 +377,10 @@ def _nodes(
             min_pos_fraction=config.min_pos_fraction,
             seed=config.seed * 1000 + i,
             privacy=privacy,
+            memory_budget=budget,
+            personalization=config.personalization(),
         )
-        for i, site in enumerate(sites)
+        for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
 
 
@@ -545,6 +589,13 @@ def summarize(
         "global_auc": [_number(v) for v in rounds["global_auc"]],  # index = round; 0 = initial
         "worst_site_auc": [_number(v) for v in rounds["worst_site_auc"]],
         "site_auc": {row.site: _number(row.auc) for row in final.itertuples()},
+        "site_personal_auc": {row.site: _number(row.personal_auc) for row in final.itertuples()},
+        "trained_groups": {
+            row.site: json.loads(row.trained_groups)
+            if isinstance(row.trained_groups, str)
+            else None
+            for row in final.itertuples()
+        },
     }
 
 

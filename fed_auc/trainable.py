@@ -8,9 +8,14 @@ statistics). Backends add their own prefixes (``c/``, ``ref/``, ``dc/``...) on t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
 import torch
 from torch import nn
 from torch.func import functional_call
+
+from fed_auc.models import group_names, group_of
 
 Tensors = dict[str, torch.Tensor]
 
@@ -25,6 +30,13 @@ class Trainable:
     The backends only touch this object: its named parameter dicts, ``gradients`` and
     ``project_``. A toy problem with the same members can stand in for it in tests.
     """
+
+    # Defaults for the whole model (subclasses such as the tests' toy problem rely on them).
+    trained_groups: list[str] | None = None  # partial training: the trained suffix
+    grad_scale: Mapping[str, float] = MappingProxyType({})  # per-tensor gradient factor
+    _frozen: Mapping[str, torch.Tensor] = MappingProxyType({})  # the untrained input side
+    _prefix: nn.Module | None = None
+    _suffix: nn.Module | None = None
 
     def __init__(self, model: nn.Module, loss: nn.Module) -> None:
         self.model = model
@@ -43,6 +55,49 @@ class Trainable:
         self._primal_list = list(self.primal.values())
         self._dual_list = list(self.dual.values())
 
+    def train_only(self, groups: Sequence[str]) -> None:
+        """Train only ``groups``, an output-side suffix of the model's layer groups
+        (EmbracingFL): the input side runs frozen, in eval mode and without autograd, so it
+        costs no activation memory and its weights and BatchNorm statistics never change.
+        ``primal``, ``buffers`` and ``tensors()`` then hold the trained part only."""
+        order = group_names(self.model)
+        start = len(order) - len(groups)
+        if start < 0 or list(groups) != order[start:]:
+            raise ValueError(
+                f"trained groups {list(groups)} are not an output-side suffix of {order}"
+            )
+        trained = set(groups)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(group_of(name) in trained)
+
+        def keep(name: str) -> bool:
+            return (
+                not name.startswith((WEIGHT, BUFFER)) or group_of(name.split("/", 1)[1]) in trained
+            )
+
+        everything = {**self.primal, **self.buffers}
+        self._frozen = {n: t for n, t in everything.items() if not keep(n)}
+        self.primal = {n: t for n, t in self.primal.items() if keep(n)}
+        self.buffers = {n: t for n, t in self.buffers.items() if keep(n)}
+        self._primal_list = list(self.primal.values())
+        self.trained_groups = list(groups)
+        features = list(self.model.net.features.named_children())
+        cut = next(
+            (i for i, (n, _) in enumerate(features) if group_of(f"net.features.{n}.x") in trained),
+            len(features),
+        )
+        self._prefix = nn.Sequential(*[m for _, m in features[:cut]])
+        self._suffix = nn.Sequential(*[m for _, m in features[cut:]], self.model.net.class_layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits; with a frozen prefix, only the trained suffix records a graph."""
+        if self._prefix is None:
+            return self.model(x)
+        with torch.no_grad():
+            self._prefix.eval()  # its BatchNorm uses, and keeps, the global statistics
+            hidden = self._prefix(self.model.prepare(x))
+        return self._suffix(hidden)
+
     @property
     def is_minimax(self) -> bool:
         return bool(self.dual)
@@ -56,10 +111,15 @@ class Trainable:
         self, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order)."""
-        value = self.loss(self.model(x), y)
-        grads = torch.autograd.grad(value, self._primal_list + self._dual_list)
+        value = self.loss(self.forward(x), y)
+        grads = list(torch.autograd.grad(value, self._primal_list + self._dual_list))
+        if self.grad_scale:  # per-block learning rates: lr · factor for these tensors
+            names = [*self.primal, *self.dual]
+            for i, name in enumerate(names):
+                if name in self.grad_scale:
+                    grads[i] = grads[i] * self.grad_scale[name]
         n = len(self._primal_list)
-        return value.detach(), list(grads[:n]), list(grads[n:])
+        return value.detach(), grads[:n], grads[n:]
 
     def dual_gradients_at(
         self, point: Tensors, x: torch.Tensor, y: torch.Tensor
@@ -98,11 +158,7 @@ class Trainable:
     def load(self, tensors: Tensors) -> None:
         """Copy named tensors in place; names this node does not own are an error."""
         for name, value in tensors.items():
-            target = self.primal.get(name)
-            if target is None:
-                target = self.dual.get(name)
-            if target is None:
-                target = self.buffers.get(name)
+            target = self._tensor(name)
             if target is None:
                 raise KeyError(f"tensor {name!r} does not belong to this model or loss")
             if target.shape != value.shape:
@@ -111,6 +167,18 @@ class Trainable:
                     f"got {tuple(value.shape)}"
                 )
             target.copy_(value)
+
+    def _tensor(self, name: str) -> torch.Tensor | None:
+        for group in (self.primal, self.dual, self.buffers, self._frozen):
+            if name in group:
+                return group[name]
+        return None
+
+    def everything(self) -> Tensors:
+        """Detached copies of the whole model and loss state, frozen parts included."""
+        out = self.tensors()
+        out.update({name: t.detach().clone() for name, t in self._frozen.items()})
+        return out
 
     def names(self) -> list[str]:
         return [*self.primal, *self.dual, *self.buffers]

@@ -10,10 +10,12 @@ refers to and finite values, and sensible counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 
 from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout, model_part
+from fed_auc.partial import trained_part
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors
 
 
@@ -36,6 +38,7 @@ def validate_answer(
     request: Broadcast,
     layout: ReplyLayout,
     max_update_norm: float | None = None,
+    personal: Collection[str] = (),
 ) -> None:
     """Everything the coordinator checks before a node's answer may be aggregated.
 
@@ -60,7 +63,7 @@ def validate_answer(
             f"reply from site {site!r}: oversized or malformed payload ({size} bytes; "
             f"this phase's layout is {limit} bytes)"
         )
-    validate_reply(reply, model, layout)
+    validate_reply(reply, model, layout, personal)
     if max_update_norm is not None:
         norm = update_norm(model, reply.tensors)
         if norm is not None and norm > max_update_norm:
@@ -86,10 +89,25 @@ def update_norm(model: Tensors, returned: Tensors) -> float | None:
     return math.sqrt(total)
 
 
-def validate_reply(reply: Reply, model: Tensors, layout: ReplyLayout | None = None) -> None:
-    """Raise ``InvalidReply`` naming the first problem in a reply's counts and tensors."""
+def validate_reply(
+    reply: Reply,
+    model: Tensors,
+    layout: ReplyLayout | None = None,
+    personal: Collection[str] = (),
+) -> None:
+    """Raise ``InvalidReply`` naming the first problem found.
+
+    ``personal``: model tensors that stay on the nodes (personalization) and must not be
+    sent; a partial-training reply is checked against the suffix it declares it trained.
+    """
     where = f"reply from site {reply.site!r}"
     layout = layout or ReplyLayout()
+    model = {n: t for n, t in model.items() if n not in personal}
+    if reply.trained_groups is not None:
+        try:
+            model = trained_part(model, reply.trained_groups)
+        except ValueError as exc:
+            raise InvalidReply(f"{where}: {exc}") from None
     if not isinstance(reply.num_examples, int) or reply.num_examples < 1:
         raise InvalidReply(
             f"{where}: num_examples must be a positive integer, got {reply.num_examples!r}"

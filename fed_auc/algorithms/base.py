@@ -55,6 +55,7 @@ class Reply:
     site: str = ""
     round: int | None = None  # the broadcast's round and phase, echoed by the node so the
     phase: str | None = None  # coordinator can refuse a reply meant for another request
+    trained_groups: list[str] | None = None  # partial training: the layer groups sent; None = all
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,21 @@ def site_weights(replies: Sequence[Reply], weighting: str) -> list[float]:
 
 
 def weighted_mean(tensor_sets: Sequence[Tensors], weights: Sequence[float]) -> Tensors:
-    """Σ_k weight_k · tensors_k, name by name (names taken from the first set)."""
+    """Σ_k weight_k · tensors_k, name by name, over the sets that hold the name.
+
+    Partial training (EmbracingFL): a weak site sends only what it trained, so a tensor is
+    averaged over the sites that trained it, its weights rescaled to the full total. A name
+    every set holds takes the plain sum, so all-full replies give the plain result exactly.
+    """
+    names = dict.fromkeys(name for tensors in tensor_sets for name in tensors)
+    total = sum(weights)
     out = {}
-    for name, first in tensor_sets[0].items():
-        acc = torch.zeros_like(first)  # payload tensors are floating point (validated)
-        for tensors, weight in zip(tensor_sets, weights, strict=True):
-            acc.add_(tensors[name], alpha=weight)
+    for name in names:
+        holders = [(t, w) for t, w in zip(tensor_sets, weights, strict=True) if name in t]
+        scale = 1.0 if len(holders) == len(tensor_sets) else total / sum(w for _, w in holders)
+        acc = torch.zeros_like(holders[0][0][name])  # payload tensors are floating point
+        for tensors, weight in holders:
+            acc.add_(tensors[name], alpha=weight * scale)
         out[name] = acc
     return out
 

@@ -84,7 +84,8 @@ class CODAPlus(Backend):
     ) -> ServerState:
         weights = site_weights(replies, self.site_weighting)
         # communication round: v, α ← (1/K) Σ_k v^k, α^k   (Algorithm 2)
-        model = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        model = {**state["model"], **averaged}  # a tensor nobody trained keeps its value
         state = {**state, "round": state["round"] + 1, "model": model}
         if self.stage_output == "average":
             round_mean = weighted_mean([unprefixed(MEAN, r.tensors) for r in replies], weights)

@@ -46,7 +46,8 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, run_local_steps
-from fed_auc.trainable import Trainable
+from fed_auc.models import group_of
+from fed_auc.trainable import WEIGHT, Trainable
 
 REF = "ref/"  # the stage's proximal reference v_0
 CONTROL = "c/"  # the global control variates (c_v, c_α)
@@ -111,17 +112,27 @@ class CODASCA(Backend):
         weights = site_weights(replies, self.site_weighting)
         averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)
         previous = state["model"]
-        model = dict(averaged)  # buffers: plain average; with η_g = 1, v_r is the average
+        model = {**previous, **averaged}  # buffers: plain average; η_g = 1: v_r = the average
         if self.eta_g != 1:  # v_r = v_{r−1} + η_g (mean_k v^k_{r,I} − v_{r−1})
-            for name in state["control"]:
+            for name in [n for n in state["control"] if n in averaged]:
                 model[name] = previous[name] + self.eta_g * (averaged[name] - previous[name])
         if state["dual_min"] is not None and "auc/alpha" in model:
             model["auc/alpha"] = model["auc/alpha"].clamp(min=state["dual_min"])
-        control = {  # c ← c + (1/N) Σ_k Δc^k
-            name: c + sum(r.tensors[CONTROL_DELTA + name] for r in replies) / state["num_sites"]
-            for name, c in state["control"].items()
+        site_groups = {
+            **state.get("site_groups", {}),
+            **{r.site: r.trained_groups for r in replies},
         }
+        control = {}  # c ← c + (1/N) Σ_k Δc^k, per tensor over the N sites that train it
+        for name, c in state["control"].items():
+            deltas = [
+                r.tensors[CONTROL_DELTA + name]
+                for r in replies
+                if CONTROL_DELTA + name in r.tensors
+            ]
+            trainers = state["num_sites"] - _not_training(name, site_groups)
+            control[name] = c + sum(deltas) / trainers if deltas else c
         state = {**state, "round": state["round"] + 1, "model": model, "control": control}
+        state["site_groups"] = site_groups
         state["stage_rounds"] += 1
         if self.stage_output == "random_round" and self._keep(state):
             state["candidate"] = {n: model[n].clone() for n in control}
@@ -192,3 +203,13 @@ class CODASCA(Backend):
         tensors.update(prefixed(CONTROL_DELTA, {n: new_own[n] - own[n] for n in names}))
         reply = Reply(tensors, steps=done, metrics={"train_loss": loss})
         return reply, {"stage": stage, "control": new_own}
+
+
+def _not_training(name: str, site_groups: Mapping[str, list[str] | None]) -> int:
+    """How many sites declared a partial-training suffix without the group of ``name``
+    (sites not heard from yet count as training everything)."""
+    partial = [groups for groups in site_groups.values() if groups is not None]
+    if not partial or not name.startswith(WEIGHT):
+        return 0  # full-model sites only; a, b, α: every site trains them
+    group = group_of(name[len(WEIGHT) :])
+    return sum(1 for groups in partial if group not in groups)

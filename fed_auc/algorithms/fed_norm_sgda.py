@@ -164,16 +164,16 @@ class FedNormSGDA(Backend):
         g = weighted_mean([unprefixed(GRADIENT, r.tensors) for r in replies], scaled)  # line 17
         rates = self._rates(state["round"])
         previous = state["model"]
-        model = {}
-        for name in state["primal"]:  # line 18: descent on x = (w, a, b)
+        model = dict(previous)  # a tensor nobody trained (partial training) keeps its value
+        for name in [n for n in state["primal"] if n in g]:  # line 18: descent on x = (w, a, b)
             model[name] = previous[name] - tau_eff * rates["server_lr"] * g[name]
-        for name in state["dual"]:  # line 18: ascent on y = α, then the feasible set
+        for name in [n for n in state["dual"] if n in g]:  # line 18: ascent on y = α, then Π
             alpha = previous[name] + tau_eff * rates["server_dual_lr"] * g[name]
             if state["dual_min"] is not None:
                 alpha = alpha.clamp(min=state["dual_min"])
             model[name] = alpha
         buffers = [{k: t for k, t in r.tensors.items() if k.startswith(BUFFER)} for r in replies]
-        if buffers[0]:  # not in the paper: Σ p_i buf_i / Σ p_i over the participants
+        if any(buffers):  # not in the paper: Σ p_i buf_i / Σ p_i over the participants
             model.update(weighted_mean(buffers, [p_i / sum(p) for p_i in p]))
         return {**state, "round": state["round"] + 1, "model": model, "tau_eff": tau_eff}
 

@@ -183,7 +183,8 @@ class _FedSGDA(Backend):
                 grads = [unprefixed(GRADIENT_PREVIOUS, r.tensors) for r in replies]
                 previous = weighted_mean(grads, weights)
             return {**state, "estimate": self.estimate(state, current, previous)}
-        model = weighted_mean([model_part(r.tensors) for r in replies], weights)  # line 9
+        averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)  # line 9
+        model = {**state["model"], **averaged}  # a tensor nobody trained keeps its value
         return {
             **state,
             "round": state["round"] + 1,

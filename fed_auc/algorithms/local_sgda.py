@@ -50,5 +50,8 @@ class LocalSGDA(Backend):
         self, state: ServerState, replies: Sequence[Reply], phase: str = "train"
     ) -> ServerState:
         weights = site_weights(replies, self.site_weighting)
-        model = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        model = {
+            **state["model"],
+            **weighted_mean([model_part(r.tensors) for r in replies], weights),
+        }
         return {**state, "round": state["round"] + 1, "model": model}
