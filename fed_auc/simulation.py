@@ -515,7 +515,7 @@ def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -
         config,
         backend.hyperparameters(),
         fed.model_config,
-        fed.sites,
+        [data_card(site) for site in fed.sites],
     )
     card["threshold"] = thresholds
     model_path = export_model(fed.run_dir / "model", best.tensors, fed.model_config, card)
@@ -614,7 +614,7 @@ def model_card(
     config: SimulationConfig,
     hyperparameters: dict[str, Any],
     model_config: dict[str, Any],
-    sites: list[SiteData],
+    cards: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The card of the exported model: the selected round's metrics (its ``rounds`` row and
     ``site_rounds`` rows in the store) and the data cards of the sites it was trained on."""
@@ -639,7 +639,7 @@ def model_card(
         )
     else:
         description = (
-            f"{config.data}, partition {sites[0].meta.get('partition')} into {len(sites)} "
+            f"{config.data}, partition {cards[0]['details'].get('partition')} into {len(cards)} "
             f"sites (seed {config.seed}; manifest {PARTITION_FILE} in the run folder), "
             f"images resized to {config.image_size} px."
         )
@@ -654,7 +654,7 @@ def model_card(
         "selected_round": int(selected["round"]),
         "model_config": model_config,
         "image_size": config.image_size,
-        "label_names": sites[0].label_names,
+        "label_names": cards[0]["label_names"],
         "hyperparameters": hyperparameters,
         "global_auc": _number(selected["global_auc"]),
         "global_val_auc": _number(selected["global_val_auc"]),
@@ -662,7 +662,7 @@ def model_card(
         "worst_site_auc": _number(selected["worst_site_auc"]),
         "sites": site_rows,
         "data_description": description,
-        "data_cards": [data_card(site) for site in sites],
+        "data_cards": cards,
         "intended_use": (
             "Demonstration and testing of federated AUC maximization. Not for clinical use."
         ),

@@ -240,10 +240,11 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         _fail(store, run_id, exc)
         raise
     summary = summarize(run_id, run_dir, config, store)
-    label_names = transport.summaries[sites[0]]["label_names"]
     hyper = backend.hyperparameters()
     final_rows = store.site_rounds(run_id).query(f"round == {config.rounds}")
-    card = model_card(summary, final_rows, config, hyper, model.config(), label_names)
+    final_round = store.rounds(run_id).set_index("round", drop=False).loc[config.rounds]
+    cards = list(transport.summaries.values())
+    card = model_card(summary, final_round, final_rows, config, hyper, model.config(), cards)
     final = backend.global_tensors(coordinator.state)
     summary["model_path"] = str(export_model(run_dir / "model", final, model.config(), card))
     store.add_event(run_id, "run completed")
