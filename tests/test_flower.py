@@ -180,6 +180,20 @@ def test_site_local_steps_override_the_coordinators(tmp_path):
     assert frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup))).steps == 3
 
 
+def test_worker_refuses_a_request_older_than_one_it_answered(tmp_path):
+    """A late ClientApp for round 1 must not overwrite round 2's pending state."""
+    import dataclasses
+
+    setup, broadcast = _setup()
+    worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
+    later = dataclasses.replace(broadcast, round=1)
+    assert frame_reply(worker.handle(*broadcast_frame(later, setup))).round == 1
+    pending = tmp_path / "nodes" / "mercy_rural" / "run1" / "local_state.pending.pt"
+    with pytest.raises(ValueError, match="stale request for round 1"):
+        worker.handle(*broadcast_frame(broadcast, setup))
+    assert load_state(pending)["tag"] == [1, 0]
+
+
 def test_worker_reports_a_bad_request_kind(tmp_path):
     setup, _ = _setup()
     worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
