@@ -20,6 +20,7 @@ from fed_auc.simulation import SimulationConfig
 from fed_auc.transport.flower_certs import make_certs
 from fed_auc.transport.flower_cli import load_experiment
 from fed_auc.transport.flower_codec import (
+    PER_TENSOR_ENV,
     broadcast_frame,
     decode_tensors,
     encode_tensors,
@@ -54,6 +55,15 @@ def test_tensors_travel_as_one_buffer_per_dtype_and_come_back_exactly():
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
     with pytest.raises(ValueError, match="payload buffer 0 holds 16 float32 values"):
         decode_tensors(index, [buffers[0][:-4], buffers[1]])
+
+
+def test_the_naive_baseline_sends_one_buffer_per_tensor_and_decodes_the_same(monkeypatch):
+    tensors = {"w": torch.randn(3, 4), "b": torch.randn(5), "n": torch.arange(3)}
+    monkeypatch.setenv(PER_TENSOR_ENV, "1")
+    index, buffers = encode_tensors(tensors)
+    assert [len(b) for b in buffers] == [48, 20, 24]
+    back = decode_tensors(index, buffers)
+    assert all(torch.equal(back[name], tensor) for name, tensor in tensors.items())
 
 
 def test_requests_and_replies_round_trip_through_frames():
@@ -168,6 +178,20 @@ def test_site_local_steps_override_the_coordinators(tmp_path):
     setup, broadcast = _setup()
     site = SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2, local_steps=3))
     assert frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup))).steps == 3
+
+
+def test_worker_refuses_a_request_older_than_one_it_answered(tmp_path):
+    """A late ClientApp for round 1 must not overwrite round 2's pending state."""
+    import dataclasses
+
+    setup, broadcast = _setup()
+    worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
+    later = dataclasses.replace(broadcast, round=1)
+    assert frame_reply(worker.handle(*broadcast_frame(later, setup))).round == 1
+    pending = tmp_path / "nodes" / "mercy_rural" / "run1" / "local_state.pending.pt"
+    with pytest.raises(ValueError, match="stale request for round 1"):
+        worker.handle(*broadcast_frame(broadcast, setup))
+    assert load_state(pending)["tag"] == [1, 0]
 
 
 def test_worker_reports_a_bad_request_kind(tmp_path):

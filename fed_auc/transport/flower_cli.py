@@ -13,9 +13,14 @@ from typing import Any
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
-    c.add_argument("--config", type=Path, required=True, help="experiment TOML with [flower]")
+    c.add_argument("--config", type=Path, help="experiment TOML with [flower]")
+    c.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted run from its last recorded round (its recorded options)",
+    )
     c.add_argument("--rounds", type=int, help="override the config's rounds")
-    c.add_argument("--runs-dir", help="override the config's runs_dir")
+    c.add_argument("--runs-dir", help="override the config's runs_dir (with --resume: runs)")
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
     n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
@@ -64,11 +69,43 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     return {"simulation": config.to_dict(), "flower": dataclasses.asdict(settings)}
 
 
+def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
+    """The recorded experiment of an interrupted Flower run, to continue it."""
+    from fed_auc.simulation import SimulationConfig
+    from fed_auc.store import STORE_FILE, RunStore
+
+    if not (runs_dir / STORE_FILE).is_file():
+        raise SystemExit(f"fed-auc coordinator --resume: no run store in {runs_dir}")
+    with RunStore(runs_dir) as store:
+        try:
+            run = store.run(run_id)
+        except KeyError as exc:
+            raise SystemExit(f"fed-auc coordinator --resume: {exc.args[0]}") from None
+    record = dict(run["config"])
+    if record.pop("transport", None) != "flower":
+        raise SystemExit(
+            f"fed-auc coordinator --resume: run {run_id!r} did not run over Flower; "
+            "continue it with `fed-auc simulate --resume`"
+        )
+    if run["status"] == "completed":
+        raise SystemExit(f"fed-auc coordinator --resume: run {run_id!r} already completed")
+    flower = record.pop("flower")
+    config = SimulationConfig(**{**record, "runs_dir": str(runs_dir.resolve())})
+    return {"simulation": config.to_dict(), "flower": flower, "resume": run_id}
+
+
 def coordinator(args: argparse.Namespace) -> dict[str, Any]:
     from fed_auc.transport.flower_launch import run_coordinator
 
-    overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir}
-    experiment = load_experiment(args.config, overrides)
+    if (args.config is None) == (args.resume is None):
+        raise SystemExit("fed-auc coordinator: give --config (a new run) or --resume RUN_ID")
+    if args.resume is not None:
+        if args.rounds is not None:
+            raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
+        experiment = load_resumed(Path(args.runs_dir or "runs"), args.resume)
+    else:
+        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir}
+        experiment = load_experiment(args.config, overrides)
     work_dir = Path(experiment["simulation"]["runs_dir"]) / "flower"
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     summary = run_coordinator(experiment, work_dir, echo)

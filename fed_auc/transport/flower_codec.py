@@ -9,6 +9,7 @@ index in the header: a handful of objects whatever the model.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,20 @@ Frame = tuple[dict[str, Any], list[bytes]]
 """A message as it travels: a JSON-able header and the raw buffers its ``index`` describes."""
 
 
+# The baseline of benchmarks/flower_overhead.py: every tensor its own array, as a plain
+# state_dict-as-ArrayRecord transport sends it. The decoder reads either layout.
+PER_TENSOR_ENV = "FED_AUC_FLOWER_PER_TENSOR"
+
+
 def encode_tensors(tensors: Tensors) -> tuple[list[list[Any]], list[bytes]]:
     """Index (name, dtype, shape, buffer number) and one contiguous buffer per dtype."""
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    per_tensor = os.environ.get(PER_TENSOR_ENV) == "1"
+    groups: dict[Any, list[torch.Tensor]] = {}
     index = []
     for name, tensor in tensors.items():
-        group = groups.setdefault(tensor.dtype, [])
-        buffer = list(groups).index(tensor.dtype)
+        key = name if per_tensor else tensor.dtype
+        group = groups.setdefault(key, [])
+        buffer = list(groups).index(key)
         index.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), buffer])
         group.append(tensor.detach().reshape(-1))
     buffers = [torch.cat(group).numpy().tobytes() for group in groups.values()]

@@ -70,6 +70,8 @@ def flower_env(home: Path) -> dict[str, str]:
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     env["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # no network: the check would only wait
     env["FLWR_HOME"] = str(home)
+    # The SuperExec looks for work to start every second by default: a second per message.
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
     return env
 
 
@@ -145,6 +147,8 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
         command += ["--ssl-ca-certfile", str(certs / "ca.pem")]
         command += ["--ssl-certfile", str(certs / "server.pem")]
         command += ["--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]
+    for suffix in ("", "-wal", "-shm"):  # the SuperLink's state lasts one coordinator run
+        (work_dir / f"superlink.db{suffix}").unlink(missing_ok=True)
     experiment_file = work_dir / "experiment.json"
     summary_file = work_dir / "summary.json"
     summary_file.unlink(missing_ok=True)

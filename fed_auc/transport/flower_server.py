@@ -40,6 +40,10 @@ from fed_auc.transport.flower_codec import (
     tensor_frame,
 )
 
+# How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
+# sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
+PULL_INTERVAL_S = 0.2
+
 
 @dataclass
 class FlowerSettings:
@@ -68,8 +72,16 @@ class FlowerSettings:
 class FlowerTransport:
     """Requests to the sites' Flower nodes; sites are known by name, node ids may change."""
 
-    def __init__(self, grid: Grid, setup: dict[str, Any], expected: int, settings: FlowerSettings):
+    def __init__(
+        self,
+        grid: Grid,
+        setup: dict[str, Any],
+        expected: int,
+        settings: FlowerSettings,
+        log=print,
+    ):
         self.grid = grid
+        self.log = log
         self.setup = setup
         self.expected = expected
         self.settings = settings
@@ -139,7 +151,7 @@ class FlowerTransport:
                 Message(content, dst_node_id=self.node_of[site], message_type=kind, ttl=timeout)
             )
         site_of = {node: site for site, node in self.node_of.items()}
-        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+        for reply in self._exchange(messages, timeout):
             site = site_of.get(reply.metadata.src_node_id)
             if site is None:
                 continue
@@ -170,12 +182,29 @@ class FlowerTransport:
             Message(frame_content(header, []), dst_node_id=n, message_type="query", ttl=timeout)
             for n in new
         ]
-        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+        for reply in self._exchange(messages, timeout):
             if reply.has_error():
                 continue
             answer, _ = message_frame(reply.content)
             self.node_of[answer["site"]] = reply.metadata.src_node_id
             self._answers[answer["site"]] = answer
+            self.log(f"site {answer['site']} joined (Flower node {reply.metadata.src_node_id})")
+
+    def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:
+        """Push the messages, then pull replies every ``PULL_INTERVAL_S`` until all are in
+        or the deadline passes."""
+        if not messages:
+            return []
+        pending = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending and time.monotonic() < deadline:
+            got = list(self.grid.pull_messages(pending))
+            replies += got
+            pending -= {reply.metadata.reply_to_message_id for reply in got}
+            if pending:
+                time.sleep(PULL_INTERVAL_S)
+        return replies
 
 
 def _decode(site: str, decode, frame: Frame):
@@ -195,8 +224,9 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
     model = build_model(config.model, num_labels=config.num_labels)
     server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
     store = RunStore(config.runs_dir)
+    resume = experiment.get("resume")  # the id of an interrupted run to continue
     record = {**config.to_dict(), "transport": "flower", "flower": asdict(settings)}
-    run_id = store.create_run(config.algorithm, record, git_revision())
+    run_id = resume or store.create_run(config.algorithm, record, git_revision())
     run_dir = Path(config.runs_dir) / run_id
     setup = {
         "run_id": run_id,
@@ -213,7 +243,7 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         "dp_clip": config.dp_clip,
         "dp_noise": config.dp_noise,
     }
-    transport = FlowerTransport(grid, setup, expected=config.sites, settings=settings)
+    transport = FlowerTransport(grid, setup, config.sites, settings, log)
     try:
         log(f"run {run_id}: waiting for {config.sites} site(s), at least {settings.min_nodes}")
         sites = list(transport.register())
@@ -232,8 +262,13 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
         )
-        store.record_sites(run_id, transport.summaries)
-        store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
+        if resume:
+            last = coordinator.resume()
+            store.reopen_run(run_id, f"run resumed over Flower after round {last}")
+            log(f"run {run_id}: resumed after round {last}")
+        else:
+            store.record_sites(run_id, transport.summaries)
+            store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
         coordinator.run(config.rounds, lambda r: log(_progress(r)))
         coordinator.close()
     except BaseException as exc:

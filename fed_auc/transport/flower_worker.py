@@ -98,6 +98,7 @@ class NodeWorker:
         self.site = site
         self._setup: dict[str, Any] | None = None
         self._node: Node | None = None
+        self._latest: tuple[int, int] | None = None  # (round, phase index) of the last train
         if site.threads is not None:
             torch.set_num_threads(site.threads)
 
@@ -112,6 +113,7 @@ class NodeWorker:
             return {"site": node.name, "registration": registration, "summary": summary}, []
         if kind == "train":
             broadcast = frame_broadcast((header, buffers))
+            self._refuse_stale(node, broadcast.round, broadcast.phase)
             if self.site.local_steps is not None and "local_steps" in broadcast.config:
                 broadcast.config["local_steps"] = self.site.local_steps
             return reply_frame(node.train(broadcast))
@@ -120,12 +122,21 @@ class NodeWorker:
             return evaluation_frame(node.evaluate(tensors, pooled=bool(header["pooled"])))
         raise ValueError(f"unknown request kind {kind!r}")
 
+    def _refuse_stale(self, node: Node, round_: int, phase: str) -> None:
+        """A request that arrives after a later one (its deadline passed while Flower started
+        the ClientApp) must not overwrite the later reply's pending state."""
+        position = (round_, node.backend.phases.index(phase))
+        if self._latest is not None and position < self._latest:
+            raise ValueError(f"stale request for round {round_ + 1}: already past it")
+        self._latest = position
+
     def _node_for(self, setup: dict[str, Any]) -> Node:
         """The node of this run: built on the run's first request (or after a restart)."""
         if self._node is None or setup != self._setup:
             log.info("%s: building the node for run %s", self.site.name, setup["run_id"])
             self._node = build_node(self.site, setup)
             self._setup = setup
+            self._latest = None
         return self._node
 
 
