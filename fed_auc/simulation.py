@@ -486,50 +486,76 @@ class BestModel:
                 saved = {"round": self.round, "score": score, "tensors": self.tensors}
                 save_state(saved, self.path)
 
+    def settle(self, store: RunStore, run_id: str, coordinator: Coordinator) -> None:
+        """After the last round: with ``last`` and every round done before a resume, nothing
+        was offered in this process; take the final state."""
+        if self.tensors is None:
+            last = RoundRecord(round=int(store.rounds(run_id)["round"].max()))
+            self.offer(last, coordinator.backend.global_tensors(coordinator.state))
+
 
 def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:
     """Train the rounds still missing, export the selected model and close the run."""
     config, coordinator, store = fed.config, fed.coordinator, fed.store
-    backend = coordinator.backend
-    best = BestModel(fed.run_dir, config.select)
-    coordinator.before_commit = lambda record: best.offer(
-        record, backend.global_tensors(coordinator.state)
-    )
+    best = track_best_model(coordinator, fed.run_dir, config.select)
     try:
         coordinator.run(config.rounds, on_round)
-        if best.tensors is None:  # select=last and every round was done before a resume
-            best.offer(_last_record(store, fed.run_id), backend.global_tensors(coordinator.state))
+        best.settle(store, fed.run_id, coordinator)
         thresholds = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
     except BaseException as exc:
         _fail(store, fed.run_id, exc)
         raise
     finally:
         coordinator.close()
-    summary = summarize(fed.run_id, fed.run_dir, config, store)
+    cards = [data_card(site) for site in fed.sites]
+    return close_run(store, fed.run_id, fed.run_dir, config, coordinator.backend, best,
+                     fed.model_config, cards, thresholds)  # fmt: skip
+
+
+def track_best_model(coordinator: Coordinator, run_dir: Path, select: str) -> BestModel:
+    """A ``BestModel`` offered every round's global model before the round is recorded."""
+    best = BestModel(run_dir, select)
+    coordinator.before_commit = lambda record: best.offer(
+        record, coordinator.backend.global_tensors(coordinator.state)
+    )
+    return best
+
+
+def close_run(
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+    config: SimulationConfig,
+    backend: Any,
+    best: BestModel,
+    model_config: dict[str, Any],
+    cards: list[dict[str, Any]],
+    thresholds: list[float],
+) -> dict[str, Any]:
+    """Export the selected model with its card, record the run as completed, close the store.
+
+    Shared by ``fed-auc simulate`` and the Flower coordinator, so both export the same thing.
+    """
+    summary = summarize(run_id, run_dir, config, store)
     summary["selected_round"] = best.round
-    rounds = store.rounds(fed.run_id).set_index("round", drop=False)
+    rounds = store.rounds(run_id).set_index("round", drop=False)
     card = model_card(
         summary,
         rounds.loc[best.round],
-        store.site_rounds(fed.run_id).query(f"round == {best.round}"),
+        store.site_rounds(run_id).query(f"round == {best.round}"),
         config,
         backend.hyperparameters(),
-        fed.model_config,
-        [data_card(site) for site in fed.sites],
+        model_config,
+        cards,
     )
     card["threshold"] = thresholds
-    model_path = export_model(fed.run_dir / "model", best.tensors, fed.model_config, card)
+    model_path = export_model(run_dir / "model", best.tensors, model_config, card)
     summary["model_path"] = str(model_path)
-    store.add_event(fed.run_id, f"exported the model of round {best.round}")
-    store.add_event(fed.run_id, "run completed")
-    store.finish_run(fed.run_id, "completed", summary)
+    store.add_event(run_id, f"exported the model of round {best.round}")
+    store.add_event(run_id, "run completed")
+    store.finish_run(run_id, "completed", summary)
     store.close()
     return summary
-
-
-def _last_record(store: RunStore, run_id: str) -> RoundRecord:
-    rounds = store.rounds(run_id)
-    return RoundRecord(round=int(rounds["round"].max()))
 
 
 def _val_score(record: RoundRecord) -> float | None:

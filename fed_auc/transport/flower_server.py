@@ -22,12 +22,18 @@ from flwr.serverapp import Grid, ServerApp
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import Coordinator, FederationError
-from fed_auc.export import export_model
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Evaluation
 from fed_auc.robust import Aggregation
-from fed_auc.simulation import SimulationConfig, _fail, git_revision, model_card, summarize
+from fed_auc.simulation import (
+    SimulationConfig,
+    _fail,
+    close_run,
+    git_revision,
+    operating_thresholds,
+    track_best_model,
+)
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.transport.base import NodeFailure
@@ -269,23 +275,20 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         else:
             store.record_sites(run_id, transport.summaries)
             store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
+        best = track_best_model(coordinator, run_dir, config.select)
         coordinator.run(config.rounds, lambda r: log(_progress(r)))
+        best.settle(store, run_id, coordinator)
         coordinator.close()
     except BaseException as exc:
         _fail(store, run_id, exc)
         raise
-    summary = summarize(run_id, run_dir, config, store)
-    hyper = backend.hyperparameters()
-    final_rows = store.site_rounds(run_id).query(f"round == {config.rounds}")
-    final_round = store.rounds(run_id).set_index("round", drop=False).loc[config.rounds]
+    # The operating threshold needs pooled validation scores: only where they may leave.
+    thresholds = []
+    if settings.pooled_scoring:
+        thresholds = operating_thresholds(transport, coordinator.sites, best.tensors)
     cards = list(transport.summaries.values())
-    card = model_card(summary, final_round, final_rows, config, hyper, model.config(), cards)
-    final = backend.global_tensors(coordinator.state)
-    summary["model_path"] = str(export_model(run_dir / "model", final, model.config(), card))
-    store.add_event(run_id, "run completed")
-    store.finish_run(run_id, "completed", summary)
-    store.close()
-    return summary
+    return close_run(store, run_id, run_dir, config, backend, best, model.config(), cards,
+                     thresholds)  # fmt: skip
 
 
 def _progress(record: RoundRecord) -> str:
