@@ -129,6 +129,7 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     from fed_auc.losses import build_loss
     from fed_auc.models import build_model
     from fed_auc.trainable import Trainable
+    from fed_auc.transport.flower_server import node_setup
 
     config = SimulationConfig(**SMALL)
     torch.manual_seed(config.seed)
@@ -137,19 +138,7 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     state = backend.init_server(Trainable(model, build_loss(config.loss, 1, [0.5])), {})
     broadcast = backend.plan(state, 0, "train")
     broadcast.config["pos_ratio"] = [0.2]
-    setup = {
-        "run_id": run_id,
-        "algorithm": config.algorithm,
-        "hyperparameters": config.backend_hyperparameters(),
-        "model_config": model.config(),
-        "loss": config.loss,
-        "batch_size": config.batch_size,
-        "min_pos_fraction": config.min_pos_fraction,
-        "seed": config.seed,
-        "image_size": config.image_size,
-        "num_labels": 1,
-        "data_scale": config.data_scale,
-    }
+    setup = node_setup(config, run_id, model.config())
     return setup, broadcast
 
 

@@ -234,21 +234,7 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
     record = {**config.to_dict(), "transport": "flower", "flower": asdict(settings)}
     run_id = resume or store.create_run(config.algorithm, record, git_revision())
     run_dir = Path(config.runs_dir) / run_id
-    setup = {
-        "run_id": run_id,
-        "algorithm": config.algorithm,
-        "hyperparameters": config.backend_hyperparameters(),
-        "model_config": model.config(),
-        "loss": config.loss,
-        "batch_size": config.batch_size,
-        "min_pos_fraction": config.min_pos_fraction,
-        "seed": config.seed,
-        "image_size": config.image_size,
-        "num_labels": config.num_labels,
-        "data_scale": config.data_scale,
-        "dp_clip": config.dp_clip,
-        "dp_noise": config.dp_noise,
-    }
+    setup = node_setup(config, run_id, model.config())
     transport = FlowerTransport(grid, setup, config.sites, settings, log)
     try:
         log(f"run {run_id}: waiting for {config.sites} site(s), at least {settings.min_nodes}")
@@ -289,6 +275,25 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
     cards = list(transport.summaries.values())
     return close_run(store, run_id, run_dir, config, backend, best, model.config(), cards,
                      thresholds)  # fmt: skip
+
+
+def node_setup(config: SimulationConfig, run_id: str, model_config: dict[str, Any]) -> dict:
+    """What every node needs to build the run's backend, model and data (JSON-able)."""
+    return {
+        "run_id": run_id,
+        "algorithm": config.algorithm,
+        "hyperparameters": config.backend_hyperparameters(),
+        "model_config": model_config,
+        "loss": config.loss,
+        "batch_size": config.batch_size,
+        "min_pos_fraction": config.min_pos_fraction,
+        "seed": config.seed,
+        "image_size": config.image_size,
+        "num_labels": config.num_labels,
+        "data_scale": config.data_scale,
+        "dp_clip": config.dp_clip,
+        "dp_noise": config.dp_noise,
+    }
 
 
 def _progress(record: RoundRecord) -> str:
