@@ -222,3 +222,15 @@ def test_experiment_config_errors_name_the_file_and_key(tmp_path):
     experiment = load_experiment(path, {"rounds": 5})
     assert experiment["simulation"]["rounds"] == 5
     assert experiment["flower"]["certs_dir"] == str(tmp_path / "certs")
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [("personalize = 'l2'", "personalize"), ("partial_training = true", "partial_training"),
+     ("data = 'medmnist:x.npz'", "data = 'medmnist:x.npz'")],
+)  # fmt: skip
+def test_options_the_flower_nodes_cannot_honour_are_refused(tmp_path, line, named):
+    path = tmp_path / "exp.toml"
+    path.write_text(f"rounds = 2\n{line}\n[flower]\ninsecure = true\n")
+    with pytest.raises(SystemExit, match=f"{named}.*not supported over Flower yet"):
+        load_experiment(path, {})

@@ -65,6 +65,13 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
         settings = FlowerSettings(**flower)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"fed-auc coordinator: config {path}: {exc}") from None
+    unsupported = [k for k in ("partial_training", "personalize", "warmup_rounds") if data.get(k)]
+    if unsupported or config.data != "synthetic":
+        what = unsupported or [f"data = {config.data!r}"]
+        raise SystemExit(
+            f"fed-auc coordinator: config {path}: {what} not supported over Flower yet "
+            "(nodes train the site TOML's synthetic data on the whole model); use fed-auc simulate"
+        )
     config.runs_dir = str(Path(config.runs_dir).resolve())
     return {"simulation": config.to_dict(), "flower": dataclasses.asdict(settings)}
 
