@@ -169,7 +169,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.transports.split(","):
             work = (args.work_dir or Path(tmp)) / name
-            work.mkdir()
+            work.mkdir(parents=True)
             start = time.perf_counter()
             if name == "in-process":
                 results[name] = in_process(options, work)
