@@ -441,9 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         simulate(config, args.json)
         if not args.json:
             print(
-                f"Every round is in the run store the dashboard reads, "
-                f"{Path(args.runs_dir) / 'fed_auc.sqlite'}; list the runs with "
-                f"`fed-auc runs --runs-dir {args.runs_dir}`."
+                f"Every round is in the run store {Path(args.runs_dir) / 'fed_auc.sqlite'}; "
+                f"see it with `fed-auc dashboard --runs-dir {args.runs_dir}` "
+                f"or list the runs with `fed-auc runs --runs-dir {args.runs_dir}`."
             )
     elif args.command == "runs":
         list_runs(args.runs_dir, args.json)
