@@ -165,20 +165,28 @@ def main() -> None:
         "image_size": args.image_size,
         "data_scale": args.data_scale,
     }
-    results = {}
+    results: dict[str, list[dict]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.transports.split(","):
             work = (args.work_dir or Path(tmp)) / name
             work.mkdir(parents=True)
             start = time.perf_counter()
-            if name == "in-process":
-                results[name] = in_process(options, work)
-            else:
-                results[name] = over_flower(options, work, naive=name == "naive")
+            try:
+                if name == "in-process":
+                    results[name] = in_process(options, work)
+                else:
+                    results[name] = over_flower(options, work, naive=name == "naive")
+            except subprocess.CalledProcessError as exc:  # a transport that cannot finish
+                failed[name] = f"{exc.cmd[3]} exited with status {exc.returncode}"
             print(f"{name}: {time.perf_counter() - start:.0f} s in all", file=sys.stderr)
-    base = statistics.mean(r["s"] for r in results.get("in-process", results[name]))
+    if not results:
+        raise SystemExit(f"no transport finished: {failed}")
+    base = statistics.mean(r["s"] for r in results.get("in-process", next(iter(results.values()))))
     print("| transport | round s | slowest node compute s | overhead s | × in-process | MB/round |")
     print("|---|---|---|---|---|---|")
+    for name, reason in failed.items():
+        print(f"| {name} | failed: {reason} | | | | |")
     for name, rows in results.items():
         mean = {k: statistics.mean(r[k] for r in rows) for k in ("s", "compute", "overhead")}
         mb = statistics.mean(r["bytes"] for r in rows) / 1e6
