@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState
 from fed_auc.algorithms.codasca import CONTROL_DELTA
@@ -36,7 +35,7 @@ from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
-from fed_auc.validation import InvalidReply, validate_answer
+from fed_auc.validation import InvalidReply, payload_size, validate_answer
 
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_CHECKPOINT_FILE = "checkpoint.prev.pt"
@@ -223,7 +222,7 @@ class Coordinator:
                 continue
             row = rows[site]
             down = payload_bytes(requests[site].tensors)
-            up = 0 if not isinstance(answer, Reply) else _bytes_or_zero(answer.tensors)
+            up = (payload_size(answer.tensors) or 0) if isinstance(answer, Reply) else 0
             row.metrics.setdefault("bytes", {})[phase] = {"down": down, "up": up}
             row.bytes_down = (row.bytes_down or 0) + down
             record.bytes_down += down
@@ -362,9 +361,3 @@ def load_checkpoint(run_dir: Path, round_: int) -> dict[str, Any]:
         f"cannot resume: the store's last round is {round_} but no checkpoint of it was found "
         f"in {run_dir} ({'; '.join(found) or 'no checkpoint files'})"
     )
-
-
-def _bytes_or_zero(tensors: object) -> int:
-    if isinstance(tensors, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values()):
-        return payload_bytes(tensors)
-    return 0

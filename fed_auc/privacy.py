@@ -11,13 +11,14 @@ The accounting (ε, δ over rounds) is not done here: the run records C and σ.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 
-from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.algorithms.base import Broadcast, Reply, validate_positive
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors
 
 
@@ -30,11 +31,8 @@ class Privacy:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.clip, int | float) and math.isfinite(self.clip) and self.clip > 0):
-            raise ValueError(f"dp_clip must be a finite number > 0, got {self.clip!r}")
-        sigma = self.noise_multiplier
-        if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
-            raise ValueError(f"dp_noise must be a finite number ≥ 0, got {sigma!r}")
+        validate_positive("dp_clip", self.clip)
+        validate_positive("dp_noise", self.noise_multiplier, allow_zero=True)
 
     def privatize(self, reply: Reply, broadcast: Broadcast, site: str) -> Reply:
         """The reply with every block clipped and noised; buffers (BN statistics) as they are."""
@@ -53,15 +51,7 @@ class Privacy:
                 noise = torch.randn(d.shape, generator=generator, dtype=d.dtype)
                 noised = d * scale + noise * (self.noise_multiplier * self.clip)
                 tensors[n] = base[n] + noised if base else noised
-        return Reply(
-            tensors,
-            reply.steps,
-            dict(reply.metrics),
-            reply.num_examples,
-            reply.site,
-            reply.round,
-            reply.phase,
-        )
+        return dataclasses.replace(reply, tensors=tensors, metrics=dict(reply.metrics))
 
 
 def _blocks(tensors: Tensors) -> dict[str, list[str]]:

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
+from fed_auc.algorithms.base import validate_positive
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import data_card
@@ -157,7 +158,7 @@ class SimulationConfig:
         self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
         Aggregation.parse(self.aggregation)
         if self.max_update_norm is not None:
-            _positive("max_update_norm", self.max_update_norm)
+            validate_positive("max_update_norm", self.max_update_norm)
         if self.dp_clip is not None:
             Privacy(self.dp_clip, self.dp_noise)  # validates both
         elif self.dp_noise:
@@ -253,12 +254,6 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
         ):
             return
     raise ValueError(f"{name} must be {annotation}, got {value!r} ({type(value).__name__})")
-
-
-def _positive(name: str, value: Any) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def _at_least(name: str, value: Any, low: int, high: int | None = None) -> None:

@@ -17,6 +17,7 @@ import torch
 from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout, model_part
 from fed_auc.partial import trained_part
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors
+from fed_auc.transport.base import payload_bytes
 
 
 class InvalidReply(ValueError):
@@ -57,7 +58,7 @@ def validate_answer(
         )
     model = model_part(request.tensors)
     limit = payload_size(expected_tensors(model, layout))
-    size = payload_size(reply.tensors) if isinstance(reply.tensors, dict) else None
+    size = payload_size(reply.tensors)
     if size is None or size > limit:
         raise InvalidReply(
             f"reply from site {site!r}: oversized or malformed payload ({size} bytes; "
@@ -73,11 +74,13 @@ def validate_answer(
             )
 
 
-def payload_size(tensors: dict) -> int | None:
-    """Bytes of tensor data, or None if something in it is not a tensor."""
-    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+def payload_size(tensors: object) -> int | None:
+    """Bytes of tensor data, or None if the payload is not a dict of tensors."""
+    if not isinstance(tensors, dict) or not all(
+        isinstance(t, torch.Tensor) for t in tensors.values()
+    ):
         return None
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return payload_bytes(tensors)
 
 
 def update_norm(model: Tensors, returned: Tensors) -> float | None:

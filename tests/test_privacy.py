@@ -79,3 +79,12 @@ def test_a_private_run_records_clip_and_noise(tmp_path) -> None:
         norms = store.site_rounds(summary["run_id"]).query("round == 1")["update_norm"]
     assert (recorded["dp_clip"], recorded["dp_noise"]) == (0.5, 0.1)
     assert (norms > 0).all()
+
+
+def test_privatizing_keeps_every_field_of_the_reply() -> None:
+    """A weak site's reply says which layer groups it trained; DP must not drop that."""
+    reply, broadcast = make(scale=1.0)
+    reply.trained_groups = ["norm", "classifier"]
+    out = Privacy(clip=1.0, noise_multiplier=0.1).privatize(reply, broadcast, "s")
+    assert out.trained_groups == ["norm", "classifier"]
+    assert (out.site, out.round, out.phase, out.num_examples) == ("s", 3, "train", 10)
