@@ -38,6 +38,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="tiny (default), densenet121, densenet169, densenet201")
     p.add_argument("--image-size", type=int, help="image side in pixels (default 28)")
     p.add_argument("--participation", type=float, help="fraction of sites per round (0, 1]")
+    p.add_argument(
+        "--eval-every", type=int, help="evaluate every N rounds; round 0 and the last always (1)"
+    )
     p.add_argument("--seed", type=int, help="seed for data, sampling and initialization")
     p.add_argument("--loss", help="auc_margin (default), auc_square, ce (fedavg only)")
     p.add_argument("--num-labels", type=int, help="number of findings (multi-label if > 1)")

@@ -80,7 +80,14 @@ class Node:
         memory_budget: float | int | str | None = None,
         personalization: Personalization | None = None,
         privacy: Privacy | None = None,
+        trainable: Trainable | None = None,
+        state_in_memory: bool = True,
     ) -> None:
+        """``trainable``: a warm model shared with other in-process nodes (every request
+        loads the global tensors into it first, so it carries nothing from one site to the
+        next); None builds this node's own. ``state_in_memory`` False keeps the local state on
+        disk only between rounds, so a simulation of hundreds of sites holds one at a time.
+        """
         self.site = site
         self.backend = backend
         self.privacy = privacy
@@ -88,9 +95,14 @@ class Node:
         self.pending_path = Path(state_dir) / PENDING_STATE_FILE
         for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
             remove_stale_temporaries(path)
-        model = model_from_config(model_config)
-        loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
-        self.trainable = Trainable(model, loss)
+        if trainable is not None and (memory_budget is not None or personalization is not None):
+            raise ValueError("partial training and personal models need a node's own model")
+        if trainable is None:
+            model = model_from_config(model_config)
+            loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
+            trainable = Trainable(model, loss)
+        self.trainable = trainable
+        self.state_in_memory = state_in_memory
         if memory_budget is not None:  # partial training: the suffix the budget allows
             where = f"site {site.name!r} memory_budget"
             table = memory_table(model_config, batch_size, int(site.train.images.shape[-1]))
@@ -150,6 +162,8 @@ class Node:
         if self._personal:
             state["personal"] = self._personal
         save_state(state, self.pending_path)
+        if not self.state_in_memory:  # read back from the pending file when next asked
+            self._local_state, self._personal = None, {}
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups

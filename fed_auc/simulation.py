@@ -27,7 +27,7 @@ from fed_auc.data.cards import data_card
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import load_sites, parse_data_spec
-from fed_auc.data.synthetic import DEFAULT_PROFILES
+from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
 from fed_auc.evaluate import youden_threshold
 from fed_auc.export import export_model
 from fed_auc.io import load_state, save_json, save_state
@@ -44,6 +44,7 @@ from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
 
 PARTITION_FILE = "partition.json"
+STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
 BEST_MODEL_FILE = "best_model.pt"
 
 
@@ -62,6 +63,7 @@ class SimulationConfig:
     model: str = "tiny"
     image_size: int = 28
     participation: float = 1.0
+    eval_every: int = 1  # evaluate every N rounds (round 0 and the last always)
     seed: int = 0
     loss: str | None = None  # None: auc_margin, or ce for fedavg
     num_labels: int = 1
@@ -129,7 +131,7 @@ class SimulationConfig:
                 "or auc_square (cross-entropy works with fedavg only)"
             )
         synthetic = parse_data_spec(self.data).kind == "synthetic"
-        _at_least("sites", self.sites, 1, len(DEFAULT_PROFILES) if synthetic else None)
+        _at_least("sites", self.sites, 1, MAX_SYNTHETIC_SITES if synthetic else None)
         if self.partition is not None:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
@@ -138,6 +140,7 @@ class SimulationConfig:
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
         _at_least("rounds", self.rounds, 1)
+        _at_least("eval_every", self.eval_every, 1)
         _at_least("local_steps", self.local_steps, 1)
         _at_least("batch_size", self.batch_size, 2)
         _at_least("image_size", self.image_size, 16, 512)
@@ -336,6 +339,7 @@ def build_federation(config: SimulationConfig, run_id: str | None = None) -> Fed
             personal=personalization.personal_names(server.names()) if personalization else (),
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
+            eval_every=config.eval_every,
         )
         if resuming:
             last = coordinator.resume()
@@ -357,10 +361,22 @@ def _nodes(
     loss: str,
     run_dir: Path,
 ) -> list[Node]:
-    """One in-process node per site, its local state under ``run_dir/nodes/<site>``."""
+    """One in-process node per site, its local state under ``run_dir/nodes/<site>``.
+
+    Nodes run one after another, so unless a site trains its own part of the model (partial
+    training) or keeps a personal one, they share one warm model. Beyond
+    ``STATE_IN_MEMORY_UP_TO`` sites the local state (e.g. CODASCA's c_k, one model's size per
+    site) stays on disk between rounds: memory then does not grow with the number of sites.
+    """
     privacy = None
     if config.dp_clip is not None:
         privacy = Privacy(config.dp_clip, config.dp_noise, config.seed)
+    personalization = config.personalization()
+    shared = None
+    if personalization is None and not config.partial_training:
+        num_labels = sites[0].num_labels
+        model = model_from_config(model_config)
+        shared = Trainable(model, build_loss(loss, num_labels, [0.5] * num_labels))
     return [
         Node(
             site,
@@ -374,6 +390,8 @@ def _nodes(
             privacy=privacy,
             memory_budget=budget,
             personalization=config.personalization(),
+            trainable=shared,
+            state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
         )
         for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]

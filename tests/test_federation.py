@@ -257,3 +257,48 @@ def test_cli_rejects_unknown_config_keys(tmp_path):
         main(["simulate", "--config", str(config), "--runs-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="algorithm must be one of"):
         main(["simulate", "--algorithm", "nope", "--runs-dir", str(tmp_path)])
+
+
+def test_eval_every_evaluates_round_zero_every_nth_and_the_last(tmp_path):
+    summary = _simulate(tmp_path / "sparse", rounds=5, eval_every=2)
+    with RunStore(tmp_path / "sparse") as store:
+        rounds = store.rounds(summary["run_id"]).set_index("round")
+        assert rounds["global_auc"].notna().tolist() == [True, False, True, False, True, True]
+        sites = store.site_rounds(summary["run_id"])
+        assert sites[sites["round"] == 3]["auc"].isna().all()
+        assert set(sites[sites["round"] == 3]["status"]) == {"completed"}
+    every = _simulate(tmp_path / "every", rounds=5)
+    assert every["global_auc"][-1] == summary["global_auc"][-1]  # evaluation changes nothing
+    with pytest.raises(ValueError, match="eval_every"):
+        SimulationConfig(eval_every=0)
+
+
+def test_shared_model_and_state_on_disk_give_the_same_run(tmp_path, monkeypatch):
+    """Nodes sharing one warm model, or keeping their state on disk only, train exactly as
+    nodes with their own model and state in memory."""
+    import fed_auc.simulation as simulation
+    from fed_auc.node import Node
+
+    shared = _simulate(tmp_path / "shared", select="last")
+    build = Node.__init__
+
+    def own_model(self, *args, trainable=None, **kwargs):
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Node, "__init__", own_model)
+    own = _simulate(tmp_path / "own", select="last")
+    monkeypatch.setattr(simulation, "STATE_IN_MEMORY_UP_TO", 0)
+    fed = simulation.build_federation(SimulationConfig(runs_dir=str(tmp_path / "disk"), **SMALL))
+    fed.coordinator.run(SMALL["rounds"])
+    fed.coordinator.close()
+    nodes = fed.coordinator.transport.nodes.values()
+    assert all(node._local_state is None for node in nodes)  # nothing kept between rounds
+    disk = fed.coordinator.backend.global_tensors(fed.coordinator.state)
+    fed.store.close()
+
+    assert shared["global_auc"] == own["global_auc"]
+    a, b = load_torch(shared["model_path"]), load_torch(own["model_path"])
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][name]), name
+        on_disk = disk.get("w/" + name, disk.get("buf/" + name, tensor))  # not: int counters
+        assert torch.equal(tensor, on_disk), name

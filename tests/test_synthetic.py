@@ -152,7 +152,8 @@ def test_resolution_scales_blur_and_noise() -> None:
     ("kwargs", "message"),
     [
         ({"num_sites": 0}, "num_sites"),
-        ({"num_sites": 7}, "num_sites"),
+        ({"num_sites": 1025}, "num_sites"),
+        ({"num_sites": 3, "profiles": DEFAULT_PROFILES[:2]}, "num_sites"),
         ({"num_labels": 6}, "num_labels"),
         ({"scale": 0.0}, "scale"),
         ({"image_size": 4}, "image_size"),
@@ -245,3 +246,21 @@ def test_every_hospital_toml_equals_its_default_profile() -> None:
         loaded = SiteProfile.from_toml(path)
         assert loaded.name == path.stem
         assert loaded == defaults[path.stem]
+
+
+def test_beyond_the_default_profiles_come_seeded_scanner_variants() -> None:
+    n = len(DEFAULT_PROFILES)
+    sites = make_synthetic_federation(num_sites=n + 8, scale=0.02, seed=4)
+    names = [s.name for s in sites]
+    assert names[:n] == [p.name for p in DEFAULT_PROFILES] and len(set(names)) == n + 8
+    variant = sites[n].meta["profile"]
+    origin = dataclasses.asdict(DEFAULT_PROFILES[0])
+    assert variant["name"] == f"{origin['name']}_1"
+    assert variant["n_train"] == sites[0].meta["profile"]["n_train"]
+    assert tuple(variant["prevalence"]) == tuple(origin["prevalence"])
+    assert variant["contrast"] != origin["contrast"]  # its own scanner
+    again = make_synthetic_federation(num_sites=n + 8, scale=0.02, seed=4)
+    for a, b in zip(sites, again, strict=True):
+        assert torch.equal(a.train.images, b.train.images)
+    other = make_synthetic_federation(num_sites=n + 1, scale=0.02, seed=5)[n].meta["profile"]
+    assert other["contrast"] != variant["contrast"]  # the seed draws the scanners

@@ -225,6 +225,10 @@ def make_site(
     return SiteData(profile.name, label_names=label_names, meta=meta, **splits)
 
 
+MAX_SITES = 1024
+"""Largest synthetic federation: the default profiles, then scanner variants of them."""
+
+
 def make_synthetic_federation(
     num_sites: int = 4,
     image_size: int = REFERENCE_SIZE,
@@ -235,10 +239,17 @@ def make_synthetic_federation(
 ) -> list[SiteData]:
     """The first `num_sites` profiles (DEFAULT_PROFILES unless given) as a federation.
 
+    Beyond the default profiles come `scanner_variants` of them (up to MAX_SITES sites), so
+    scale benchmarks get as many distinct hospitals as they ask for.
     num_labels = 1 gives the single generic label "finding"; more take the first FINDINGS.
     scale multiplies every split size (at least 2 images each) for quick tests.
     """
-    profiles = list(DEFAULT_PROFILES if profiles is None else profiles)
+    if profiles is None:
+        if not 1 <= num_sites <= MAX_SITES:
+            raise ValueError(f"num_sites = {num_sites!r}: must be in [1, {MAX_SITES}]")
+        extra = max(0, num_sites - len(DEFAULT_PROFILES))
+        profiles = DEFAULT_PROFILES + scanner_variants(DEFAULT_PROFILES, extra, seed)
+    profiles = list(profiles)
     if not 1 <= num_sites <= len(profiles):
         raise ValueError(f"num_sites = {num_sites!r}: must be in [1, {len(profiles)}]")
     if not 1 <= num_labels <= len(FINDINGS):
@@ -250,6 +261,28 @@ def make_synthetic_federation(
         make_site(_scaled(p, scale), image_size, label_names, _derive(seed, i))
         for i, p in enumerate(profiles[:num_sites])
     ]
+
+
+def scanner_variants(base: Sequence[SiteProfile], count: int, seed: int) -> list[SiteProfile]:
+    """`count` more hospitals: variant j has the population (size, prevalence) of
+    base[j % len(base)] and a scanner of its own, drawn from `seed` (brightness, contrast,
+    noise, blur, lesion conspicuity within the ranges the default hospitals span)."""
+    variants = []
+    for j in range(count):
+        origin = base[j % len(base)]
+        rng = np.random.default_rng(_derive(seed, 1_000_000 + j))
+        variants.append(
+            replace(
+                origin,
+                name=f"{origin.name}_{j // len(base) + 1}",
+                intensity_shift=float(rng.uniform(-0.2, 0.12)),
+                contrast=float(np.exp(rng.uniform(np.log(0.8), np.log(1.3)))),
+                noise_std=float(rng.uniform(0.03, 0.07)),
+                blur_sigma=float(rng.uniform(0.0, 0.5)),
+                lesion_strength=float(rng.uniform(0.9, 1.0)),
+            )
+        )
+    return variants
 
 
 def _scaled(profile: SiteProfile, scale: float) -> SiteProfile:
