@@ -144,3 +144,22 @@ def test_bad_partition_text_is_named(text, message):
 def test_impossible_partition_says_what_to_change():
     with pytest.raises(ValueError, match="could not give every one of 20 sites"):
         partition_pool(make_pool(60), "dirichlet:0.05", 20, seed=0)
+
+
+def test_imratio_on_synthetic_sites_removes_training_positives_only():
+    from fed_auc.data.spec import load_sites
+
+    plain, _ = load_sites("synthetic", None, 8, seed=2, image_size=16, data_scale=0.2)
+    sites, manifest = load_sites(
+        "synthetic", "imratio:" + ",".join(["0.1"] * 8), 8, seed=2, image_size=16, data_scale=0.2
+    )
+    assert manifest is None and len(sites) == 8
+    for before, after in zip(plain, sites, strict=True):
+        positives = int((after.train.labels == 1).sum())
+        assert positives == max(1, int(np.floor(0.1 * (len(after.train) - positives) / 0.9)))
+        assert torch.equal(after.test.images, before.test.images)  # evaluation untouched
+        assert after.meta["removed_train_rows"] == len(before.train) - len(after.train)
+    with pytest.raises(ValueError, match="only imratio"):
+        load_sites("synthetic", "dirichlet:0.5", 4, seed=0, image_size=16, data_scale=0.1)
+    with pytest.raises(ValueError, match="2 ratio"):
+        load_sites("synthetic", "imratio:0.1,0.2", 4, seed=0, image_size=16, data_scale=0.1)

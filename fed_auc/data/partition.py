@@ -12,6 +12,7 @@ seeded and described by a JSON-able manifest (row indices per site and split) fr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,30 @@ def partition_pool(
         "sites": sites,
     }
     return sites_from_manifest(pool, manifest), manifest
+
+
+def impose_train_ratios(sites: list[SiteData], partition: str, seed: int) -> list[SiteData]:
+    """``imratio:R1,...,RK`` on sites that are already split (the synthetic hospitals): site
+    k's training positive ratio becomes R_k by removing positives (or negatives); validation
+    and test splits are left as they are, as in the CODASCA paper's IH benchmarks."""
+    kind, ratios = parse_partition(partition)
+    if kind != "imratio":
+        raise ValueError(
+            f"partition {partition!r}: synthetic sites are profiles, already split; "
+            "only imratio:R1,...,RK applies to them"
+        )
+    if len(ratios) != len(sites):
+        raise ValueError(f"partition {partition!r}: {len(ratios)} ratio(s) for {len(sites)} sites")
+    rng = np.random.default_rng(seed)
+    out = []
+    for site, ratio in zip(sites, ratios, strict=True):
+        positive = (site.train.labels == 1).any(dim=1).numpy()
+        kept, removed = _impose_ratio(list(range(len(site.train))), positive, ratio, rng)
+        index = torch.tensor(kept, dtype=torch.long)
+        train = Split(site.train.images[index], site.train.labels[index])
+        meta = {**site.meta, "imratio": ratio, "removed_train_rows": len(removed)}
+        out.append(replace(site, train=train, meta=meta))
+    return out
 
 
 def sites_from_manifest(pool: ImagePool, manifest: dict[str, Any]) -> list[SiteData]:

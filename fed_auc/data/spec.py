@@ -91,8 +91,6 @@ def load_sites(
     if spec.kind == "synthetic":
         from fed_auc.data.synthetic import make_synthetic_federation
 
-        if partition is not None:
-            raise ValueError("partition applies to file sources; synthetic sites are profiles")
         federation = make_synthetic_federation(
             num_sites=sites or 4,
             image_size=image_size,
@@ -100,6 +98,10 @@ def load_sites(
             seed=seed,
             scale=data_scale,
         )
+        if partition is not None:
+            from fed_auc.data.partition import impose_train_ratios
+
+            federation = impose_train_ratios(federation, partition, seed)
         return federation, None
     from fed_auc.data.partition import partition_pool
 
