@@ -130,6 +130,19 @@ def validate_reply(
         raise InvalidReply(f"{where}: unexpected tensor {unexpected[0]!r}")
     for name, tensor in reply.tensors.items():
         _check_tensor(where, name, tensor, expected[name])
+    _check_finite(where, reply.tensors)
+
+
+def _check_finite(where: str, tensors: Tensors) -> None:
+    """No NaN or infinity anywhere: 0 · t is 0 where t is finite and NaN elsewhere, so one
+    fused pass over all tensors (not one check per tensor) finds any bad value."""
+    names = [n for n, t in tensors.items() if t.is_floating_point() and t.numel()]
+    if not names:
+        return
+    zeros = torch._foreach_mul([tensors[n] for n in names], 0.0)
+    bad = torch.nonzero(~torch.isfinite(torch.stack(torch._foreach_norm(zeros)))).flatten()
+    if len(bad):
+        raise InvalidReply(f"{where}: {names[int(bad[0])]!r} contains NaN or infinite values")
 
 
 def _check_tensor(where: str, name: str, tensor: object, reference: torch.Tensor) -> None:
@@ -143,5 +156,3 @@ def _check_tensor(where: str, name: str, tensor: object, reference: torch.Tensor
         raise InvalidReply(
             f"{where}: {name!r} has dtype {tensor.dtype}, expected {reference.dtype}"
         )
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        raise InvalidReply(f"{where}: {name!r} contains NaN or infinite values")
