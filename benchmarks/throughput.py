@@ -6,6 +6,7 @@ disk) and ``PlainLoop`` from benchmarks/overhead.py train the same steps, interl
 round. Table 2 (one subprocess per measurement, interleaved): the plain loop under different
 thread settings, OpenMP wait policy, channels-last memory format and ``torch.compile`` — the
 OpenMP settings must be in the environment before torch loads, hence the subprocesses.
+Table 3: a small ``fed-auc simulate`` with ``--threads auto`` vs fixed counts.
 
     python benchmarks/throughput.py --quick --markdown benchmarks/results/throughput.md
     python benchmarks/throughput.py                 # batch 32 at every size, torch.compile too
@@ -176,6 +177,30 @@ def variant_table(s: Settings) -> list[dict]:
     ]
 
 
+CLI_THREADS = ("auto", "1", "2")
+
+
+def cli_threads_table(s: Settings) -> list[dict]:
+    """Wall time of a small ``fed-auc simulate`` per ``--threads`` value, interleaved.
+
+    OMP_NUM_THREADS is removed so that ``auto`` decides; the run is the tiny model, 2 sites."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    times: dict[str, list[float]] = {t: [] for t in CLI_THREADS}
+    for rep in range(s.repeats):
+        shift = rep % len(CLI_THREADS)
+        for threads in CLI_THREADS[shift:] + CLI_THREADS[:shift]:
+            with tempfile.TemporaryDirectory() as runs_dir:
+                command = [
+                    sys.executable, "-m", "fed_auc.cli", "--threads", threads, "simulate",
+                    "--model", "tiny", "--sites", "2", "--rounds", str(s.rounds),
+                    "--runs-dir", runs_dir, "--seed", str(s.seed), "--json",
+                ]  # fmt: skip
+                start = time.perf_counter()
+                subprocess.run(command, env=env, capture_output=True, check=True)
+                times[threads].append(time.perf_counter() - start)
+    return [{"threads": t, "wall_s": times[t]} for t in CLI_THREADS]
+
+
 def _spread(values: list[float], digits: int = 1) -> str:
     mid, low, high = statistics.median(values), min(values), max(values)
     return f"{mid:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
@@ -190,7 +215,7 @@ def machine_line(s: Settings) -> str:
 
 
 def markdown(sizes: list[dict], variants: list[dict], s: Settings, command: str,
-             load: list[float]) -> str:  # fmt: skip
+             load: list[float], cli: list[dict] | None = None) -> str:  # fmt: skip
     lines = [
         f"## Throughput: one node vs the plain PyTorch loop ({s.model})",
         "",
@@ -222,6 +247,17 @@ def markdown(sizes: list[dict], variants: list[dict], s: Settings, command: str,
         "|---|---|---|",
     ]
     lines += [f"| {v['name']} | {_spread(v['img_s'])} | {v['warmup_s']:.1f} |" for v in variants]
+    if cli:
+        lines += [
+            "",
+            f"Table 3: wall time of `fed-auc --threads T simulate --model tiny --sites 2 "
+            f"--rounds {s.rounds}` (process start included), OMP_NUM_THREADS unset, "
+            f"{s.repeats} runs each, order rotated. Median (range).",
+            "",
+            "| --threads | wall time (s) |",
+            "|---|---|",
+        ]
+        lines += [f"| {c['threads']} | {_spread(c['wall_s'])} |" for c in cli]
     return "\n".join(lines) + "\n"
 
 
@@ -243,11 +279,14 @@ def main() -> None:
     sizes = []
     for size, batch in s.sizes:
         sizes.append(node_vs_plain(s.model, size, batch, s.local_steps, s.rounds, s.seed))
+        print(f"{size} px: done", file=sys.stderr, flush=True)  # progress; tables at the end
         load.append(os.getloadavg()[0])
     variants = variant_table(s)
     load.append(os.getloadavg()[0])
+    cli = cli_threads_table(s)
+    load.append(os.getloadavg()[0])
     command = shlex.join(["python", "benchmarks/throughput.py", *sys.argv[1:]])
-    text = markdown(sizes, variants, s, command, load)
+    text = markdown(sizes, variants, s, command, load, cli)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,8 @@ def test_a_variant_runs_in_its_own_process_and_tabulates() -> None:
     assert len(variant["img_s"]) == 1 and variant["img_s"][0] > 0 and variant["warmup_s"] > 0
     variants = [variant]
     sizes = [bench.node_vs_plain("tiny", 28, 8, 1, 1)]
-    text = bench.markdown(sizes, variants, s, "python benchmarks/throughput.py", [0.5, 1.5])
+    cli = [{"threads": "auto", "wall_s": [1.0, 3.0, 2.5]}]
+    text = bench.markdown(sizes, variants, s, "python benchmarks/throughput.py", [0.5, 1.5], cli)
+    assert "| auto | 2.5 (1.0–3.0) |" in text
     assert "| 28 px | 8 |" in text and "| 1 thread, channels-last | " in text
     assert "Load average (1 min) during the run: 0.50–1.50" in text
