@@ -68,8 +68,9 @@ class Settings:
 
 
 QUICK = Settings(
-    model="tiny", image_size=28, batch_size=64, chunks=12, chunk_steps=16, n_train=1000, n_test=500
-)
+    model="tiny", image_size=28, batch_size=64, chunks=12, chunk_steps=16,
+    n_train=1000, n_test=500, threads=1,
+)  # fmt: skip
 
 
 def import_libauc() -> tuple[type, type]:
@@ -303,7 +304,7 @@ random N(0, 0.01) noise, where fed-auc codasca's proximal reference is the stage
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps (seconds)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
+    parser.add_argument("--threads", type=int, help="torch threads (default 2, quick 1)")
     parser.add_argument("--chunks", type=int)
     parser.add_argument("--markdown", type=Path, help="write the result table here")
     args = parser.parse_args()
