@@ -36,6 +36,7 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 
 from fed_auc.algorithms import build_backend
+from fed_auc.algorithms.sgda import StepRule, sgda_step
 from fed_auc.data.base import Split
 from fed_auc.data.sampling import BatchStream
 from fed_auc.data.synthetic import SiteProfile, make_site
@@ -254,6 +255,44 @@ def compare(s: Settings, libauc: bool = True, clock: Callable[[], float] = time.
     return [r.row() for r in results.values()]
 
 
+def update_ms(s: Settings, repeats: int = 7) -> dict[str, list[float]]:
+    """Milliseconds of each contender's parameter update alone, from the same given gradients
+    (first repeat dropped): the step cost without the forward and backward passes."""
+    torch.set_num_threads(s.threads)
+    racers, _ = contenders(Settings(**{**vars(s), "n_train": 8, "n_test": 2}), libauc=True)
+    torch.manual_seed(s.seed)
+    grads = [torch.randn_like(p) for p in racers[0].model.parameters()]
+    times: dict[str, list[float]] = {r.name: [] for r in racers}
+    for _ in range(repeats):
+        for racer in racers:
+            times[racer.name].append(1000 * _time_update(racer, grads, s))
+    return {name: t[1:] for name, t in times.items()}
+
+
+def _time_update(racer: Contender, grads: list[torch.Tensor], s: Settings) -> float:
+    if isinstance(racer, FedAUC):  # the backend's step, with these gradients
+        trainable, dual = racer.trainable, [torch.zeros(1)]
+        primal = [g.clone() for g in grads] + [torch.zeros(1), torch.zeros(1)]
+        trainable.gradients = lambda x, y: (torch.zeros(()), primal, dual)
+        rule = StepRule(s.lr, s.weight_decay, s.grad_clip)
+        ref, correction = None, None
+        if racer.backend.name == "codasca":  # proximal term and control-variate correction
+            rule = StepRule(s.lr, s.weight_decay, s.grad_clip, s.gamma)
+            ref = [t.detach().clone() for t in trainable.primal.values()]
+            correction = ([torch.zeros_like(t) for t in ref], [torch.zeros(1)])
+        start = time.perf_counter()
+        sgda_step(trainable, None, None, rule, ref, correction)
+        return time.perf_counter() - start
+    for p, g in zip(racer.model.parameters(), grads, strict=True):
+        p.grad = g.clone()
+    if isinstance(racer, LibAUC):
+        for variable in (racer.loss.a, racer.loss.b, racer.loss.alpha):
+            variable.grad = torch.zeros(1)
+    start = time.perf_counter()
+    racer.optimizer.step()
+    return time.perf_counter() - start
+
+
 def machine_line(s: Settings) -> str:
     return (
         f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
@@ -262,7 +301,13 @@ def machine_line(s: Settings) -> str:
     )
 
 
-def markdown(rows: list[dict], s: Settings, command: str, load: tuple[float, float]) -> str:
+def markdown(
+    rows: list[dict],
+    s: Settings,
+    command: str,
+    load: tuple[float, float],
+    updates: dict[str, list[float]] | None = None,
+) -> str:
     lines = [
         "## Against the reference library: fed-auc vs LibAUC (one site)",
         "",
@@ -287,6 +332,19 @@ def markdown(rows: list[dict], s: Settings, command: str, load: tuple[float, flo
             f"| {r['cost']:.3f} ({r['cost_min']:.3f}–{r['cost_max']:.3f}) "
             f"| {r['test_auc']:.3f} |"
         )
+    if updates:
+        lines += [
+            "",
+            "The parameter update alone (gradients given, the same random ones for all; median "
+            "and range of 6 repeats), which is all the optimizers differ in:",
+            "",
+            "| contender | update (ms) |",
+            "|---|---|",
+        ]
+        for name, ms in updates.items():
+            lines.append(
+                f"| {name} | {statistics.median(ms):.1f} ({min(ms):.1f}–{max(ms):.1f}) |"
+            )
     lines += ["", NOTES, ""]
     return "\n".join(lines)
 
@@ -313,8 +371,9 @@ def main() -> None:
     s = Settings(**{**vars(s), **overrides})
     before = os.getloadavg()[0]
     rows = compare(s)
+    updates = update_ms(s)
     command = shlex.join(["python", "benchmarks/libauc_compare.py", *sys.argv[1:]])
-    text = markdown(rows, s, command, (before, os.getloadavg()[0]))
+    text = markdown(rows, s, command, (before, os.getloadavg()[0]), updates)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -73,3 +73,14 @@ def test_fed_auc_margin_loss_equals_libauc_aucm_loss() -> None:
     (grad_theirs,) = torch.autograd.grad(reference, scores)
     assert value.item() == pytest.approx(reference.item(), rel=1e-5)
     torch.testing.assert_close(grad_ours, grad_theirs)
+
+
+@pytest.mark.skipif(not (bench.LIBAUC_DIR / "libauc").is_dir(), reason="LibAUC not installed")
+def test_update_costs_are_timed_per_contender_and_tabulated() -> None:
+    updates = bench.update_ms(TOY, repeats=3)
+    assert len(updates) == 5 and all(len(ms) == 2 and min(ms) > 0 for ms in updates.values())
+    rows = bench.compare(bench.Settings(**{**vars(TOY), "chunks": 1}), libauc=False)
+    text = bench.markdown(rows, TOY, "cmd", (1.0, 1.0), updates)
+    for name, ms in updates.items():
+        low, high = sorted(ms)
+        assert f"| {name} | {(low + high) / 2:.1f} ({low:.1f}–{high:.1f}) |" in text
