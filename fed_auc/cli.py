@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.simulation import SimulationConfig
+from fed_auc.threads import apply_threads, parse_threads
 from fed_auc.transport import flower_cli
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
@@ -138,6 +139,12 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fed-auc", description="Federated deep AUC maximization on medical images."
+    )
+    parser.add_argument(
+        "--threads",
+        type=_threads_arg,
+        default=None,
+        help="torch CPU threads, or 'auto' (default): the cores the load average leaves idle",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _simulate_parser(sub)
@@ -433,8 +440,16 @@ def _num(value: Any) -> float | None:
     return None if value is None or value != value else float(value)
 
 
+def _threads_arg(value: str) -> int | None:
+    try:
+        return parse_threads(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_threads(args.threads)
     if args.command == "simulate" and args.resume is not None:
         simulate(None, args.json, resume=(_resume_runs_dir(args), args.resume))
     elif args.command == "simulate":

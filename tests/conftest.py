@@ -10,5 +10,8 @@ import torch
 def _one_thread():
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    # the CLI's `--threads auto` and subprocesses respect it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
     torch.set_num_threads(previous)
