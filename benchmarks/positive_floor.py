@@ -56,12 +56,12 @@ def table(results: dict[float, tuple[float, float]], batch_size: int = 32) -> st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="12 rounds instead of the demo's 60")
-    parser.add_argument("--rounds", type=int, help="rounds per run (full: 60, quick: 12)")
+    parser.add_argument("--quick", action="store_true", help="8 rounds instead of the demo's 60")
+    parser.add_argument("--rounds", type=int, help="rounds per run (full: 60, quick: 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", type=Path, help="write the table to this file")
     args = parser.parse_args()
-    rounds = args.rounds or (12 if args.quick else 60)
+    rounds = args.rounds or (8 if args.quick else 60)
     started = time.perf_counter()
     results = {floor: final_aucs(floor, rounds, args.seed) for floor in FLOORS}
     settings = (
