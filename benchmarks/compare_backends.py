@@ -88,7 +88,7 @@ def main() -> None:
     results = {}
     for name in names:
         results[name] = run(name, seed=args.seed, **options)
-        print(f"{name}: {results[name]}", flush=True)
+        print(table({name: results[name]}).splitlines()[-1], flush=True)  # progress
     auc0 = ", ".join(sorted({f"{r['auc0']:.3f}" for r in results.values()}))
     settings = (
         f"{args.sites} synthetic hospitals, tiny DenseNet @ 28 px, batch 32, lr 0.1, {rounds} "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -399,7 +398,6 @@ def main() -> None:
     small = {**SMALL, "rounds": QUICK_ROUNDS} if args.quick else SMALL
     dp_rounds = QUICK_ROUNDS if args.quick else DP_ROUNDS
     out = args.out or (None if args.quick else Path("RELIABILITY.md"))
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     np.random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

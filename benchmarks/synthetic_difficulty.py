@@ -11,7 +11,8 @@
 5. Multi-label: the same DenseNet with 5 outputs, per-finding test AUC (first seed only).
 
 Test splits are --test-scale times the default size (train/val are unchanged; each split has
-its own seed) so the AUCs are tight. About 30 s per seed on 2 idle CPU cores.
+its own seed) so the AUCs are tight. About 30 s per seed on 2 idle CPU cores. On a loaded
+machine run it with OMP_NUM_THREADS=1: two torch threads that wait for each other are far slower.
 
     python benchmarks/synthetic_difficulty.py --quick
     python benchmarks/synthetic_difficulty.py --markdown benchmarks/results/synthetic_difficulty.md
@@ -223,7 +224,7 @@ def main() -> None:
     parser.add_argument("--multilabel-steps", type=int, help="(full: 1000, quick: 300)")
     parser.add_argument("--seeds", type=int, nargs="+", help="(full: 0 1 2, quick: 0)")
     parser.add_argument("--test-scale", type=int, help="(full: 5, quick: 2)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--markdown", type=Path, help="write the table to this file")
     args = parser.parse_args()
     steps = args.steps or (150 if args.quick else 300)

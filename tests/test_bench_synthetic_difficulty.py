@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_difficulty as sd  # noqa: E402
 
 
+@pytest.mark.slow
 def test_toy_table_cells_are_the_measured_numbers():
     results = sd.per_seed([0, 1], steps=3, test_scale=1, scale=0.3)
     multi = sd.multilabel(0, steps=3, test_scale=1, scale=0.3)
