@@ -127,7 +127,7 @@ def personal_section(base: dict[str, Any], plain: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", choices=["memory", "partial", "personal"])
+    parser.add_argument("parts", nargs="*", help="memory, partial, personal (default: all)")
     parser.add_argument("--quick", action="store_true", help="fewer memory cases and rounds")
     parser.add_argument("--rounds", type=int, help="rounds per run (full: 20, quick: 4)")
     parser.add_argument("--data-scale", type=float, help="(full: 0.5, quick: 0.3)")
@@ -157,6 +157,9 @@ def main() -> None:
         "partial": (f"{runs} Budgets {BUDGETS}.", lambda: partial_section(base, plain_run())),
         "personal": (runs, lambda: personal_section(base, plain_run())),
     }
+    unknown = sorted(set(args.parts) - set(sections))
+    if unknown:  # argparse's choices reject an empty list of parts, so checked here
+        parser.error(f"unknown part(s) {unknown}: choose from {list(sections)}")
     fragments = []
     for part in args.parts or list(sections):
         settings, build = sections[part]
