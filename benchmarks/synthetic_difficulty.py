@@ -181,8 +181,8 @@ def table(
         return " / ".join(f"{value(r):.3f}" for r in runs)
 
     def spread(name: str) -> str:
-        values = [r["cnn"][name] for r in runs]
-        return f"{name} {min(values):.3f}–{max(values):.3f}"
+        low, high = (f"{f(r['cnn'][name] for r in runs):.3f}" for f in (min, max))
+        return f"{name} {low}" if low == high else f"{name} {low}–{high}"
 
     shift = ", ".join(f"{r['shift']['home']:.3f} → {r['shift']['shifted']:.3f}" for r in runs)
     made = " / ".join(f"{seconds:.2f} s" for _, seconds in generation.values())
