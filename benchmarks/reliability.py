@@ -3,8 +3,9 @@
     python benchmarks/reliability.py [--kills 5] [--out RELIABILITY.md]
     python benchmarks/reliability.py --quick --markdown benchmarks/results/reliability.md
 
-``--quick``: one kill, one flaky run, every hostile kind, 3 rounds per run (writes no
-RELIABILITY.md unless ``--out`` says so).
+``--quick``: one kill, one flaky run, every hostile kind, 3 rounds per run. With ``--quick`` or
+``--markdown`` it writes RELIABILITY.md only if ``--out`` says so (run_all.py splices the
+fragment into RELIABILITY.md between its markers).
 
 Every number in the table comes from what this script ran: runs killed with SIGKILL at a
 random moment and resumed (compared with the uninterrupted run of the same seed), runs with
@@ -390,14 +391,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 kill, 1 flaky run, 3 rounds")
     parser.add_argument("--kills", type=int, help="(full: 5, quick: 1)")
     parser.add_argument("--flaky-runs", type=int, help="(full: 2, quick: 1)")
-    parser.add_argument("--out", type=Path, help="(full: RELIABILITY.md, quick: none)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="a whole report (default: RELIABILITY.md; none with --quick or --markdown)",
+    )
     parser.add_argument("--markdown", type=Path, help="write the tables to this file")
     args = parser.parse_args()
     kills = args.kills or (1 if args.quick else 5)
     flaky_runs = args.flaky_runs or (1 if args.quick else 2)
     small = {**SMALL, "rounds": QUICK_ROUNDS} if args.quick else SMALL
     dp_rounds = QUICK_ROUNDS if args.quick else DP_ROUNDS
-    out = args.out or (None if args.quick else Path("RELIABILITY.md"))
+    # With --markdown, run_all.py splices the fragment into RELIABILITY.md between its markers.
+    out = args.out or (None if args.quick or args.markdown else Path("RELIABILITY.md"))
     np.random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
