@@ -9,29 +9,38 @@
 3. ``personal``: per-site test AUC of the global model (plain CODASCA) and of each site's
    personal model (``--personalize head`` and ``l2``) on the heterogeneous federation.
 
+Without parts, all three. ``--quick``: the memory table of the tiny DenseNet and DenseNet121
+at 32 px only, and 4 rounds at data_scale 0.3 for the partial and personal tables.
+
+    python benchmarks/partial_and_personal.py --quick
     python benchmarks/partial_and_personal.py memory
-    python benchmarks/partial_and_personal.py partial personal --rounds 30
+    python benchmarks/partial_and_personal.py partial personal --rounds 20
+    python benchmarks/partial_and_personal.py --markdown benchmarks/results/partial_and_personal.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from fragment import emit, provenance
 
 import fed_auc.coordinator as coordinator_module
 from fed_auc.partial import memory_table
 from fed_auc.simulation import SimulationConfig, run_simulation
 
 MEMORY_CASES = [("densenet121", 32), ("densenet121", 64), ("tiny", 28)]
+QUICK_MEMORY_CASES = [("densenet121", 32), ("tiny", 28)]
 BUDGETS = [1.0, 1.0, 0.4, 0.15]  # the four default sites: two strong, moderate, weak
 
 
-def memory_section(batch: int) -> str:
+def memory_section(batch: int, cases: Sequence[tuple[str, int]] = MEMORY_CASES) -> str:
     lines = []
-    for arch, size in MEMORY_CASES:
+    for arch, size in cases:
         config = {"arch": arch, "num_labels": 1, "in_channels": 1}
         table = memory_table(config, batch, size)
         full = table[0].total
@@ -63,7 +72,8 @@ def _run(excluded: Sequence[str] = (), **options: Any) -> dict[str, Any]:
         coordinator_module.sample_sites = sample
 
 
-def partial_section(base: dict[str, Any]) -> str:
+def partial_section(base: dict[str, Any], plain: dict[str, Any]) -> str:
+    """``plain``: the summary of the run with ``base`` and every site strong."""
     mixed = {**base, "partial_training": True, "site_memory": BUDGETS}
     first = _run(**mixed)
     groups = first["trained_groups"]
@@ -71,7 +81,7 @@ def partial_section(base: dict[str, Any]) -> str:
     weak = [s for s in sites if len(groups[s]) == len(groups[sites[-1]])]
     non_strong = [s for s in sites if len(groups[s]) < len(groups[sites[0]])]
     runs = [
-        ("all four sites strong (plain CODASCA)", _run(**base)),
+        ("all four sites strong (plain CODASCA)", plain),
         ("strong, strong, moderate 40 %, weak 15 % (partial training)", first),
         (f"mixed, weak site ({', '.join(weak)}) left out of training", _run(weak, **mixed)),
         ("only the two strong sites train", _run(non_strong, **mixed)),
@@ -92,8 +102,8 @@ def partial_section(base: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def personal_section(base: dict[str, Any]) -> str:
-    plain = _run(**base)
+def personal_section(base: dict[str, Any], plain: dict[str, Any]) -> str:
+    """``plain``: the summary of the run with ``base`` (the global model's row)."""
     head = _run(**base, personalize="head")
     l2 = _run(**base, personalize="l2", personal_lambda=1.0)
     sites = list(plain["site_auc"])
@@ -117,22 +127,47 @@ def personal_section(base: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="+", choices=["memory", "partial", "personal"])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--data-scale", type=float, default=0.5)
+    parser.add_argument("parts", nargs="*", help="memory, partial, personal (default: all)")
+    parser.add_argument("--quick", action="store_true", help="fewer memory cases and rounds")
+    parser.add_argument("--rounds", type=int, help="rounds per run (full: 20, quick: 4)")
+    parser.add_argument("--data-scale", type=float, help="(full: 0.5, quick: 0.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--markdown", type=Path, help="write the tables to this file")
     args = parser.parse_args()
-    base = {"rounds": args.rounds, "data_scale": args.data_scale, "seed": args.seed}
-    base["decay_every"] = args.rounds * 8  # one stage: no lr decay within the short run
-    print(f"settings: {json.dumps(base)}")
-    for part in args.parts:
-        if part == "memory":
-            print(memory_section(args.batch), flush=True)
-        elif part == "partial":
-            print(partial_section(base), flush=True)
-        else:
-            print(personal_section(base), flush=True)
+    rounds = args.rounds or (4 if args.quick else 20)
+    data_scale = args.data_scale or (0.3 if args.quick else 0.5)
+    base = {"rounds": rounds, "data_scale": data_scale, "seed": args.seed}
+    base["decay_every"] = rounds * 8  # one stage: no lr decay within the short run
+    runs = (
+        "Tiny DenseNet, the four default synthetic sites at data_scale "
+        f"{data_scale}, CODASCA, 8 local steps, batch 32, {rounds} rounds, no lr decay; "
+        "test AUC after the last round."
+    )
+    plain: dict[str, Any] = {}  # the plain run, shared by the partial and personal tables
+
+    def plain_run() -> dict[str, Any]:
+        if not plain:
+            plain.update(_run(**base))
+        return plain
+
+    cases = QUICK_MEMORY_CASES if args.quick else MEMORY_CASES
+    sections: dict[str, tuple[str, Callable[[], str]]] = {
+        "memory": ("One training step per split point.", lambda: memory_section(args.batch, cases)),
+        "partial": (f"{runs} Budgets {BUDGETS}.", lambda: partial_section(base, plain_run())),
+        "personal": (runs, lambda: personal_section(base, plain_run())),
+    }
+    unknown = sorted(set(args.parts) - set(sections))
+    if unknown:  # argparse's choices reject an empty list of parts, so checked here
+        parser.error(f"unknown part(s) {unknown}: choose from {list(sections)}")
+    fragments = []
+    for part in args.parts or list(sections):
+        settings, build = sections[part]
+        started = time.perf_counter()
+        table = build()
+        line = provenance(str(args.seed), time.perf_counter() - started, settings)
+        fragments.append(f"{line}\n\n{table.strip()}\n")
+    emit("\n".join(fragments), args.markdown)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 """Fault injection → RELIABILITY.md: crashes, failing nodes, hostile replies, bad inputs, DP cost.
 
     python benchmarks/reliability.py [--kills 5] [--out RELIABILITY.md]
+    python benchmarks/reliability.py --quick --markdown benchmarks/results/reliability.md
+
+``--quick``: one kill, one flaky run, every hostile kind, 3 rounds per run. With ``--quick`` or
+``--markdown`` it writes RELIABILITY.md only if ``--out`` says so (run_all.py splices the
+fragment into RELIABILITY.md between its markers).
 
 Every number in the table comes from what this script ran: runs killed with SIGKILL at a
 random moment and resumed (compared with the uninterrupted run of the same seed), runs with
@@ -12,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import signal
 import subprocess
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fragment import command_line, emit
+from machine import describe
 from PIL import Image
 
 from fed_auc.algorithms.base import Reply
@@ -38,6 +43,7 @@ from fed_auc.store import RunStore, StoreError
 
 DP_ROUNDS = 15
 SMALL = {"sites": 3, "rounds": 6, "local_steps": 2, "seed": 11, "data_scale": 0.4}
+QUICK_ROUNDS = 3  # --quick: rounds of SMALL and of the DP runs
 BAD = DEFAULT_PROFILES[1].name
 
 
@@ -58,15 +64,15 @@ def final_tensors(summary: dict) -> dict[str, torch.Tensor]:
     return {**exported["state_dict"], **{"auc/" + k: v for k, v in exported["auc"].items()}}
 
 
-def crash_and_resume(kills: int, workdir: Path) -> dict:
+def crash_and_resume(kills: int, workdir: Path, small: dict = SMALL) -> dict:
     """Kill a CLI run with SIGKILL after a random delay, resume it, compare with a clean run."""
-    reference = run_simulation(SimulationConfig(runs_dir=str(workdir / "clean"), **SMALL))
+    reference = run_simulation(SimulationConfig(runs_dir=str(workdir / "clean"), **small))
     clean = final_tensors(reference)
     rng = random.Random(0)
     out = {"injected": 0, "not_injected": 0, "completed": 0, "lost": 0, "duplicated": 0}
     out["max_diff"] = 0.0
     config = workdir / "small.toml"
-    config.write_text("".join(f"{k} = {v}\n" for k, v in SMALL.items()))
+    config.write_text("".join(f"{k} = {v}\n" for k, v in small.items()))
     for kill in range(kills):
         runs = workdir / f"kill{kill}"
         log = (workdir / f"kill{kill}.log").open("w")
@@ -76,7 +82,7 @@ def crash_and_resume(kills: int, workdir: Path) -> dict:
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-        target = rng.randint(0, SMALL["rounds"] - 2)  # kill somewhere after this round
+        target = rng.randint(0, small["rounds"] - 2)  # kill somewhere after this round
         while rounds_in(runs) < target and process.poll() is None:
             time.sleep(0.02)
         time.sleep(rng.uniform(0, 0.5))
@@ -102,7 +108,7 @@ def crash_and_resume(kills: int, workdir: Path) -> dict:
         with RunStore(runs) as store:
             rounds = store.rounds(run_id)["round"].tolist()
             status = store.run(run_id)["status"]
-        expected = list(range(SMALL["rounds"] + 1))
+        expected = list(range(small["rounds"] + 1))
         out["lost"] += len(set(expected) - set(rounds))
         out["duplicated"] += len(rounds) - len(set(rounds))
         out["completed"] += status == "completed"
@@ -112,8 +118,8 @@ def crash_and_resume(kills: int, workdir: Path) -> dict:
 
 
 # -- failing nodes and hostile replies -------------------------------------------------------
-def with_node_behaviour(behaviour: Callable, runs: Path, **changes) -> dict:
-    """Run SMALL with ``Node.train`` of the bad site replaced by ``behaviour``."""
+def with_node_behaviour(behaviour: Callable, runs: Path, small: dict = SMALL, **changes) -> dict:
+    """Run ``small`` with ``Node.train`` of the bad site replaced by ``behaviour``."""
     original = Node.train
 
     def train(self, broadcast):
@@ -123,12 +129,12 @@ def with_node_behaviour(behaviour: Callable, runs: Path, **changes) -> dict:
 
     Node.train = train
     try:
-        return run_simulation(SimulationConfig(runs_dir=str(runs), **{**SMALL, **changes}))
+        return run_simulation(SimulationConfig(runs_dir=str(runs), **{**small, **changes}))
     finally:
         Node.train = original
 
 
-def flaky_nodes(runs: int, workdir: Path) -> dict:
+def flaky_nodes(runs: int, workdir: Path, small: dict = SMALL) -> dict:
     """Each reply of the bad site fails (error or silence) with probability 1/2."""
     rng = random.Random(1)
     out = {"runs": runs, "completed": 0, "faults": 0, "lost": 0}
@@ -140,11 +146,11 @@ def flaky_nodes(runs: int, workdir: Path) -> dict:
         return original(self, broadcast)
 
     for i in range(runs):
-        summary = with_node_behaviour(flaky, workdir / f"flaky{i}")
+        summary = with_node_behaviour(flaky, workdir / f"flaky{i}", small)
         with RunStore(workdir / f"flaky{i}") as store:
             rounds = store.rounds(summary["run_id"])["round"].tolist()
             out["completed"] += store.run(summary["run_id"])["status"] == "completed"
-        out["lost"] += SMALL["rounds"] + 1 - len(rounds)
+        out["lost"] += small["rounds"] + 1 - len(rounds)
     return out
 
 
@@ -171,9 +177,10 @@ HOSTILE: dict[str, Callable[[Reply], None]] = {
 }
 
 
-def hostile_replies(workdir: Path) -> dict:
+def hostile_replies(workdir: Path, small: dict = SMALL) -> dict:
     """Every kind of hostile reply from one site in every round; count what got averaged in."""
     out = {"tried": 0, "averaged": 0, "events": 0, "runs_completed": 0, "kinds": len(HOSTILE)}
+    out["lost"] = 0
     for i, tamper in enumerate(HOSTILE.values()):
 
         def hostile(self, broadcast, original, tamper=tamper):
@@ -182,10 +189,11 @@ def hostile_replies(workdir: Path) -> dict:
             return reply
 
         runs = workdir / f"hostile{i}"
-        summary = with_node_behaviour(hostile, runs, max_update_norm=1e3)
+        summary = with_node_behaviour(hostile, runs, small, max_update_norm=1e3)
         with RunStore(runs) as store:
             rows = store.site_rounds(summary["run_id"]).query("round > 0 and site == @BAD")
             events = store.events(summary["run_id"]).query("site == @BAD")
+            out["lost"] += small["rounds"] + 1 - len(store.rounds(summary["run_id"]))
             out["runs_completed"] += store.run(summary["run_id"])["status"] == "completed"
         out["tried"] += len(rows)
         out["averaged"] += int((rows["status"] == "completed").sum())
@@ -311,9 +319,9 @@ def bad_data_files(workdir: Path, expect: Callable) -> None:
 
 
 # -- privacy cost ---------------------------------------------------------------------------------
-def dp_cost(workdir: Path) -> list[dict]:
+def dp_cost(workdir: Path, rounds: int = DP_ROUNDS) -> list[dict]:
     rows = []
-    base = {"sites": 4, "rounds": DP_ROUNDS, "local_steps": 8, "seed": 0, "select": "last"}
+    base = {"sites": 4, "rounds": rounds, "local_steps": 8, "seed": 0, "select": "last"}
     for clip, noise in [(None, 0.0), (1.0, 0.0), (1.0, 0.01), (1.0, 0.05)]:
         config = SimulationConfig(
             runs_dir=str(workdir / f"dp{clip}-{noise}"), dp_clip=clip, dp_noise=noise, **base
@@ -331,17 +339,17 @@ def dp_cost(workdir: Path) -> list[dict]:
 
 
 # -- report ----------------------------------------------------------------------------------------
-def render(crash: dict, flaky: dict, hostile: dict, bad: dict, dp: list[dict], args) -> str:
+def render(
+    crash: dict, flaky: dict, hostile: dict, bad: dict, dp: list[dict], small: dict, dp_rounds: int
+) -> str:
+    """The tables (no title): RELIABILITY.md below its heading, and the ``--markdown`` fragment."""
     bad_tried = sum(t for t, _ in bad.values())
     bad_clear = sum(c for _, c in bad.values())
     lines = [
-        "# Reliability",
-        "",
-        f"Produced by `python benchmarks/reliability.py --kills {args.kills}` on "
-        f"{platform.machine()} Linux, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{time.strftime('%Y-%m-%d')}. Federation: synthetic, {SMALL['sites']} sites, "
-        f"{SMALL['rounds']} rounds, I = {SMALL['local_steps']}, seed {SMALL['seed']}, "
-        "tiny DenseNet.",
+        f"Produced by `{command_line()}` ({describe()}; {time.strftime('%Y-%m-%d')}). "
+        f"Federation: synthetic, {small['sites']} sites, {small['rounds']} rounds, "
+        f"I = {small['local_steps']}, seed {small['seed']}, data_scale {small['data_scale']}, "
+        "tiny DenseNet; kill times and flaky failures drawn with seeds 0 and 1.",
         "",
         "| fault injected | count | runs completed | rounds lost (target 0) | result |",
         "|---|---|---|---|---|",
@@ -353,8 +361,9 @@ def render(crash: dict, flaky: dict, hostile: dict, bad: dict, dp: list[dict], a
         f"{flaky['runs']} runs | {flaky['completed']} / {flaky['runs']} | {flaky['lost']} | "
         "recorded as error, round completes with the other sites |",
         f"| hostile replies ({hostile['kinds']} kinds × every round) | {hostile['tried']} | "
-        f"{hostile['runs_completed']} / {hostile['kinds']} | 0 | **{hostile['averaged']} "
-        f"averaged in** (target 0); {hostile['events']} rejection events |",
+        f"{hostile['runs_completed']} / {hostile['kinds']} | {hostile['lost']} | "
+        f"**{hostile['averaged']} averaged in** (target 0); {hostile['events']} rejection "
+        "events |",
         "",
         "Hostile kinds: " + ", ".join(HOSTILE) + " (norm bound `--max-update-norm 1000`).",
         "",
@@ -363,41 +372,50 @@ def render(crash: dict, flaky: dict, hostile: dict, bad: dict, dp: list[dict], a
         *[f"| {kind} | {tried} | {clear} |" for kind, (tried, clear) in bad.items()],
         f"| **all** | **{bad_tried}** | **{bad_clear}** (target all) |",
         "",
-        "## Client-side DP: AUC cost",
-        "",
-        f"Synthetic demo federation (4 sites, {DP_ROUNDS} rounds, I = 8, seed 0, CODASCA, last "
-        "round exported); each block of",
-        "every update clipped to C, then N(0, (σC)²) noise per coordinate (`--dp-clip C "
-        "--dp-noise σ`).",
+        f"**Client-side DP: AUC cost.** Synthetic demo federation (4 sites, {dp_rounds} rounds, "
+        "I = 8, seed 0, CODASCA, last round exported); each block of every update clipped to C, "
+        "then N(0, (σC)²) noise per coordinate (`--dp-clip C --dp-noise σ`).",
         "",
         "| clip C | noise σ | pooled test AUC | worst-site AUC |",
         "|---|---|---|---|",
-        *[
-            f"| {r['clip'] or '—'} | {r['noise']} | {r['auc']:.3f} | {r['worst']:.3f} |"
-            for r in dp
-        ],
+        *[f"| {r['clip'] or '—'} | {r['noise']} | {r['auc']:.3f} | {r['worst']:.3f} |" for r in dp],
         "",
     ]
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--flaky-runs", type=int, default=2)
-    parser.add_argument("--out", default="RELIABILITY.md")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1 kill, 1 flaky run, 3 rounds")
+    parser.add_argument("--kills", type=int, help="(full: 5, quick: 1)")
+    parser.add_argument("--flaky-runs", type=int, help="(full: 2, quick: 1)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="a whole report (default: RELIABILITY.md; none with --quick or --markdown)",
+    )
+    parser.add_argument("--markdown", type=Path, help="write the tables to this file")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    kills = args.kills or (1 if args.quick else 5)
+    flaky_runs = args.flaky_runs or (1 if args.quick else 2)
+    small = {**SMALL, "rounds": QUICK_ROUNDS} if args.quick else SMALL
+    dp_rounds = QUICK_ROUNDS if args.quick else DP_ROUNDS
+    # With --markdown, run_all.py splices the fragment into RELIABILITY.md between its markers.
+    out = args.out or (None if args.quick or args.markdown else Path("RELIABILITY.md"))
     np.random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        crash = crash_and_resume(args.kills, work)
-        flaky = flaky_nodes(args.flaky_runs, work)
-        hostile = hostile_replies(work)
+        crash = crash_and_resume(kills, work, small)
+        flaky = flaky_nodes(flaky_runs, work, small)
+        hostile = hostile_replies(work, small)
         bad = bad_inputs(work)
-        dp = dp_cost(work)
-    Path(args.out).write_text(render(crash, flaky, hostile, bad, dp, args))
-    print(Path(args.out).read_text())
+        dp = dp_cost(work, dp_rounds)
+    text = render(crash, flaky, hostile, bad, dp, small, dp_rounds)
+    if out is not None:
+        out.write_text("# Reliability\n\n" + text)
+    emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@
 5. Multi-label: the same DenseNet with 5 outputs, per-finding test AUC (first seed only).
 
 Test splits are --test-scale times the default size (train/val are unchanged; each split has
-its own seed) so the AUCs are tight. Usage:
-    python benchmarks/synthetic_difficulty.py [--steps 300] [--seeds 0 1 2]
-About 30 s per seed on 2 idle CPU cores.
+its own seed) so the AUCs are tight. About 30 s per seed on 2 idle CPU cores. On a loaded
+machine run it with OMP_NUM_THREADS=1: two torch threads that wait for each other are far slower.
+
+    python benchmarks/synthetic_difficulty.py --quick
+    python benchmarks/synthetic_difficulty.py --markdown benchmarks/results/synthetic_difficulty.md
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from fragment import emit, provenance
 from monai.networks.nets import DenseNet
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
@@ -79,48 +83,55 @@ def scores(model: torch.nn.Module, split: Split) -> torch.Tensor:
     return torch.cat([model(to_input(x)) for x in split.images.split(256)])
 
 
-def federation(seed: int, test_scale: int, num_labels: int = 1) -> list[SiteData]:
+def federation(
+    seed: int, test_scale: int, num_labels: int = 1, scale: float = 1.0
+) -> list[SiteData]:
     profiles = [dataclasses.replace(p, n_test=p.n_test * test_scale) for p in DEFAULT_PROFILES]
-    return make_synthetic_federation(seed=seed, num_labels=num_labels, profiles=profiles)
+    return make_synthetic_federation(
+        seed=seed, num_labels=num_labels, profiles=profiles, scale=scale
+    )
 
 
-def generation_time() -> None:
+def generation_time() -> dict[int, tuple[int, float]]:
+    """Image size → (images, seconds) to generate the 4 default sites."""
     make_synthetic_federation(num_sites=1, scale=0.05)  # warm up torch kernels
+    out = {}
     for size in (28, 64):
         start = time.perf_counter()
         sites = make_synthetic_federation(image_size=size)
         images = sum(len(s.train) + len(s.val) + len(s.test) for s in sites)
-        print(f"generate 4 sites, {images} images @ {size} px: {time.perf_counter() - start:.2f} s")
+        out[size] = (images, time.perf_counter() - start)
+    return out
 
 
-def trivial_scores(sites: list[SiteData]) -> None:
+def trivial_scores(sites: list[SiteData]) -> dict[str, float]:
+    """Pooled test AUC of mean pixel intensity and of logistic regression on raw pixels."""
     train_set, test = pooled([s.train for s in sites]), pooled([s.test for s in sites])
-    brightness = [s.test.images.mean(dim=(1, 2, 3)).unsqueeze(1) for s in sites]
-    per_site = ", ".join(f"{auc(s.test, b):.2f}" for s, b in zip(sites, brightness, strict=True))
+    brightness = test.images.mean(dim=(1, 2, 3)).unsqueeze(1)
     regression = LogisticRegression(C=1.0, max_iter=2000)
     regression.fit(train_set.images.flatten(1).numpy(), train_set.labels[:, 0].numpy())
     pixels = regression.decision_function(test.images.flatten(1).numpy())
-    print(
-        f"  mean-intensity AUC pooled {auc(test, torch.cat(brightness)):.3f} "
-        f"(per site {per_site}); logistic regression on pixels "
-        f"{auc(test, torch.from_numpy(pixels).unsqueeze(1)):.3f}"
-    )
+    return {
+        "intensity": auc(test, brightness),
+        "logistic": auc(test, torch.from_numpy(pixels).unsqueeze(1)),
+    }
 
 
-def pooled_cnn(sites: list[SiteData], seed: int, steps: int) -> None:
-    start = time.perf_counter()
+def pooled_cnn(sites: list[SiteData], seed: int, steps: int) -> dict[str, float]:
+    """Test AUC of a DenseNet trained on the pooled train sets: 'pooled' and per site."""
     model = train(pooled([s.train for s in sites]), steps, seed)
-    elapsed = time.perf_counter() - start
     test = pooled([s.test for s in sites])
-    per_site = ", ".join(f"{s.name} {auc(s.test, scores(model, s.test)):.3f}" for s in sites)
-    print(
-        f"  pooled DenseNet, {steps} steps ({elapsed:.0f} s): test AUC "
-        f"{auc(test, scores(model, test)):.3f} [{per_site}]"
-    )
+    return {"pooled": auc(test, scores(model, test))} | {
+        s.name: auc(s.test, scores(model, s.test)) for s in sites
+    }
 
 
-def scanner_shift(seed: int, steps: int, n_test: int = 2000) -> None:
-    """Same patients, two scanners: the AUC lost is due to the scanner alone."""
+def scanner_shift(seed: int, steps: int, n_test: int = 2000) -> dict[str, float]:
+    """Same patients, two scanners: the AUC lost is due to the scanner alone.
+
+    'home': target patients on the source's scanner; 'shifted': on their own scanner;
+    'ceiling': a model trained on as many images from the target's scanner, same test.
+    """
     source, target = DEFAULT_PROFILES[0], DEFAULT_PROFILES[2]
     scanner = {f: getattr(target, f) for f in SCANNER_FIELDS}
     model = train(make_site(source, seed=seed).train, steps, seed)
@@ -128,45 +139,112 @@ def scanner_shift(seed: int, steps: int, n_test: int = 2000) -> None:
     home = {f: getattr(source, f) for f in SCANNER_FIELDS}
     clean = make_site(dataclasses.replace(target, n_test=n_test, **home), seed=seed + 1).test
     shifted = make_site(dataclasses.replace(target, n_test=n_test), seed=seed + 1).test
-    a_clean, a_shift = auc(clean, scores(model, clean)), auc(shifted, scores(model, shifted))
-    print(
-        f"  trained on {source.name}: {target.name} patients on {source.name}'s scanner "
-        f"{a_clean:.3f}, on {target.name}'s scanner {a_shift:.3f} (gap {a_clean - a_shift:+.3f}); "
-        f"trained on {target.name}'s scanner: {auc(shifted, scores(ceiling, shifted)):.3f}"
-    )
+    return {
+        "home": auc(clean, scores(model, clean)),
+        "shifted": auc(shifted, scores(model, shifted)),
+        "ceiling": auc(shifted, scores(ceiling, shifted)),
+    }
 
 
-def multilabel(seed: int, steps: int, test_scale: int) -> None:
-    sites = federation(seed, test_scale, num_labels=len(FINDINGS))
+def multilabel(seed: int, steps: int, test_scale: int, scale: float = 1.0) -> dict[str, float]:
+    """Finding → pooled test AUC of one DenseNet with an output per finding."""
+    sites = federation(seed, test_scale, num_labels=len(FINDINGS), scale=scale)
     model = train(pooled([s.train for s in sites]), steps, seed)
     test = pooled([s.test for s in sites])
     predicted = scores(model, test)
-    brightness = test.images.mean(dim=(1, 2, 3)).unsqueeze(1).expand(-1, len(FINDINGS))
-    per_label = ", ".join(
-        f"{name} {auc(test, predicted, j):.3f} (mean-intensity {auc(test, brightness, j):.2f})"
-        for j, name in enumerate(FINDINGS)
-    )
-    print(f"multi-label DenseNet, {steps} steps, seed {seed}: {per_label}")
+    return {name: auc(test, predicted, j) for j, name in enumerate(FINDINGS)}
+
+
+def per_seed(seeds: list[int], steps: int, test_scale: int, scale: float = 1.0) -> dict:
+    """Seed → every single-label measure of that seed's federation."""
+    out = {}
+    for seed in seeds:
+        sites = federation(seed, test_scale, scale=scale)
+        out[seed] = {
+            **trivial_scores(sites),
+            "cnn": pooled_cnn(sites, seed, steps),
+            "shift": scanner_shift(seed, steps, n_test=max(200, int(2000 * scale))),
+        }
+        print(f"seed {seed}: {out[seed]}", flush=True)
+    return out
+
+
+def table(
+    results: dict, steps: int, multi: dict[str, float], multi_steps: int, generation: dict
+) -> str:
+    """The Markdown table: one cell per measure, seeds separated by ' / ' (or ', ')."""
+    runs = list(results.values())
+    sites = [name for name in runs[0]["cnn"] if name != "pooled"]
+    source, target = DEFAULT_PROFILES[0].name, DEFAULT_PROFILES[2].name
+
+    def seeds(value) -> str:
+        return " / ".join(f"{value(r):.3f}" for r in runs)
+
+    def spread(name: str) -> str:
+        low, high = (f"{f(r['cnn'][name] for r in runs):.3f}" for f in (min, max))
+        return f"{name} {low}" if low == high else f"{name} {low}–{high}"
+
+    shift = ", ".join(f"{r['shift']['home']:.3f} → {r['shift']['shifted']:.3f}" for r in runs)
+    made = " / ".join(f"{seconds:.2f} s" for _, seconds in generation.values())
+    sizes = " / ".join(f"{size} px" for size in generation)
+    rows = [
+        ("mean pixel intensity as the score, pooled test AUC", seeds(lambda r: r["intensity"])),
+        ("logistic regression on raw pixels", seeds(lambda r: r["logistic"])),
+        (
+            f"tiny DenseNet, pooled training, {steps} steps × 32, BCE, SGD 0.1",
+            seeds(lambda r: r["cnn"]["pooled"]),
+        ),
+        ("same, per site (lowest–highest over seeds)", ", ".join(map(spread, sites))),
+        (
+            f"trained on {source}, tested on {target} patients imaged with {source}'s scanner "
+            f"→ with {target}'s own",
+            shift,
+        ),
+        (
+            f"trained on as many images from {target}'s scanner (ceiling), same test",
+            seeds(lambda r: r["shift"]["ceiling"]),
+        ),
+        (
+            f"multi-label ({len(multi)} findings), {multi_steps} steps, first seed",
+            ", ".join(f"{name} {value:.3f}" for name, value in multi.items()),
+        ),
+        (
+            f"generating 4 sites ({next(iter(generation.values()))[0]:,} images), {sizes}",
+            made,
+        ),
+    ]
+    lines = ["| measure | result |", "|---|---|"]
+    return "\n".join(lines + [f"| {measure} | {result} |" for measure, result in rows])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--multilabel-steps", type=int, default=1000)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--test-scale", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="seed 0, fewer steps, 2× test")
+    parser.add_argument("--steps", type=int, help="training steps (full: 300, quick: 150)")
+    parser.add_argument("--multilabel-steps", type=int, help="(full: 1000, quick: 300)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="(full: 0 1 2, quick: 0)")
+    parser.add_argument("--test-scale", type=int, help="(full: 5, quick: 2)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--markdown", type=Path, help="write the table to this file")
     args = parser.parse_args()
+    steps = args.steps or (150 if args.quick else 300)
+    multi_steps = args.multilabel_steps or (300 if args.quick else 1000)
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    test_scale = args.test_scale or (2 if args.quick else 5)
     torch.set_num_threads(args.threads)
-    generation_time()
-    for seed in args.seeds:
-        print(f"seed {seed}")
-        sites = federation(seed, args.test_scale)
-        trivial_scores(sites)
-        pooled_cnn(sites, seed, args.steps)
-        scanner_shift(seed, args.steps)
-    multilabel(args.seeds[0], args.multilabel_steps, args.test_scale)
-    print(f"torch {torch.__version__}, {args.threads} threads")
+    started = time.perf_counter()
+    generation = generation_time()
+    results = per_seed(seeds, steps, test_scale)
+    multi = multilabel(seeds[0], multi_steps, test_scale)
+    settings = (
+        f"Test splits {test_scale}× the default size; each result lists the seeds in order; "
+        "generation time is wall time on this loaded machine."
+    )
+    text = table(results, steps, multi, multi_steps, generation)
+    seed_list = " / ".join(map(str, seeds))
+    emit(
+        f"{provenance(seed_list, time.perf_counter() - started, settings)}\n\n{text}", args.markdown
+    )
 
 
 if __name__ == "__main__":
