@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from machine import describe
+from fragment import emit, provenance
 
 ALGORITHMS = ("codasca", "coda_plus")
 WINDOWS = (1, 4, 16, 64, 256)
@@ -176,18 +176,14 @@ def main() -> None:
         data_scale=args.data_scale,
     )
     plot(results, args.plot)
-    command = "python benchmarks/communication.py" + (" --quick" if args.quick else "")
-    text = (
-        f"`{command}` ({time.perf_counter() - started:.0f} s; {describe()}). Tiny DenseNet at "
-        f"{args.image_size} px, batch 32, lr 0.1, γ = 1/500, η_g = 1, T = {steps} local steps "
-        f"per site, synthetic hospitals at data_scale {args.data_scale}, training imratio 10 %; "
-        f"plot: `{os.path.relpath(args.plot, ROOT)}`.\n\n{table(results, seeds)}"
+    settings = (
+        f"Tiny DenseNet at {args.image_size} px, batch 32, lr 0.1, γ = 1/500, η_g = 1, "
+        f"T = {steps} local steps per site (I per round, T / I rounds), synthetic hospitals at "
+        f"data_scale {args.data_scale}, training imratio 10 %; {args.workers} runs at a time, "
+        f"one torch thread each; plot `{os.path.relpath(args.plot, ROOT)}`."
     )
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
-
+    text = provenance(",".join(map(str, seeds)), time.perf_counter() - started, settings)
+    emit(f"{text}\n\n{table(results, seeds)}", args.markdown)
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import describe
+from fragment import emit, provenance
 
 MODELS = {"tiny": 28, "densenet121": 32}
 
@@ -165,18 +165,15 @@ def main() -> None:
         return
     fixed = {"rounds": 2 if args.quick else 3, "local_steps": 4, "data_scale": 0.05}
     models = ["tiny"] if args.quick else ["tiny", "densenet121"]
-    command = "python benchmarks/scale.py" + (" --quick" if args.quick else "")
     started = time.perf_counter()
     tables = run(models, [4, 16, 64, 256], [4, 8, 16, 32], **fixed)
-    text = (
-        f"`{command}` ({time.perf_counter() - started:.0f} s; {describe()}; seed 0; "
-        f"CODASCA, {fixed['local_steps']} local steps, batch 32, data_scale "
-        f"{fixed['data_scale']}, {fixed['rounds']} timed rounds after 1 warm-up)\n\n{tables}"
+    settings = (
+        f"CODASCA, {fixed['local_steps']} local steps, batch 32, synthetic hospitals at "
+        f"data_scale {fixed['data_scale']}, {fixed['rounds']} timed rounds after 1 warm-up, "
+        "each setting in a fresh process."
     )
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
+    text = provenance("0", time.perf_counter() - started, settings)
+    emit(f"{text}\n\n{tables}", args.markdown)
 
 
 if __name__ == "__main__":
