@@ -10,7 +10,9 @@ Three runs of the same federation (same seed, data and model), one after the oth
 
 Every node's compute (training and evaluation, timed inside the node) is logged; a round's
 overhead is its wall time minus the slowest site's compute in it. Bytes per round are the
-tensor payloads the coordinator records (down + up), the same for every transport.
+tensor payloads the coordinator records (down + up), the same for every transport; over
+Flower, the node also logs the tensor bytes that actually crossed the network (fed-auc's
+transport sends tensors a node already holds as content tags).
 
     python benchmarks/flower_overhead.py --markdown benchmarks/results/flower_overhead.md
     python benchmarks/flower_overhead.py --quick   # the tiny model: Flower's fixed costs only
@@ -52,12 +54,27 @@ def serve_node(site_toml: str, coordinator: str, timings: str) -> None:
         start = time.perf_counter()
         answer = original(self, header, buffers)
         record = {"site": self.site.name, "kind": header["kind"], "round": header.get("round")}
+        record["s"] = time.perf_counter() - start
+        # bytes that crossed the network for this request (tensor buffers, both ways)
+        record["wire"] = sum(map(len, buffers)) + sum(map(len, answer[1]))
         with open(timings, "a") as out:
-            out.write(json.dumps({**record, "s": time.perf_counter() - start}) + "\n")
+            out.write(json.dumps(record) + "\n")
         return answer
 
     NodeWorker.handle = timed
     run_node(SiteConfig.from_toml(site_toml), coordinator, None, None)
+
+
+def wire_per_round(events: list[dict]) -> dict[int, int]:
+    """Tensor bytes on the wire per round (all sites): its training and the evaluation after."""
+    wire: dict[int, int] = {}
+    for site in {e["site"] for e in events}:
+        evals = [e for e in events if e["site"] == site and e["kind"] == "evaluate"]
+        for e in events:
+            if e["site"] == site and e["kind"] == "train":
+                after = evals[e["round"] + 1]["wire"] if e["round"] + 1 < len(evals) else 0
+                wire[e["round"] + 1] = wire.get(e["round"] + 1, 0) + e["wire"] + after
+    return wire
 
 
 def compute_per_round(events: list[dict]) -> dict[int, float]:
@@ -137,7 +154,9 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
             node.wait(timeout=60)
     events = [json.loads(line) for line in timings.read_text().splitlines()]
     events = [e for e in events if e["kind"] != "register"]
-    return _rounds(round_rows(work / "runs"), compute_per_round(events))
+    wire = wire_per_round(events)
+    rows = _rounds(round_rows(work / "runs"), compute_per_round(events))
+    return [{**r, "wire": wire.get(r["round"], 0)} for r in rows]
 
 
 def _rounds(rows: list[dict], compute: dict[int, float]) -> list[dict]:
@@ -175,8 +194,8 @@ def summarize(results: dict[str, dict]) -> dict[str, dict]:
     for name, result in results.items():
         rows = result.get("rounds")
         if rows:
-            means[name] = {k: statistics.mean(r[k] for r in rows)
-                           for k in ("s", "compute", "overhead", "bytes")}  # fmt: skip
+            keys = [k for k in ("s", "compute", "overhead", "bytes", "wire") if k in rows[0]]
+            means[name] = {k: statistics.mean(r[k] for r in rows) for k in keys}
     base = means.get("in-process", {}).get("s")
     naive = means.get("naive", {}).get("overhead")
     for mean in means.values():
@@ -189,20 +208,21 @@ def table(results: dict[str, dict]) -> str:
     means = summarize(results)
     lines = [
         "| transport | round s | slowest node compute s | overhead s | × in-process "
-        "| naive overhead ÷ this | MB/round | load avg before → after |",
-        "|---|---|---|---|---|---|---|---|",
+        "| naive overhead ÷ this | MB/round | MB/round on the wire | load avg before → after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in results.items():
         load = "{:.1f} → {:.1f}".format(*result["load"])
         if name not in means:
             reason = result.get("failed", "no rounds")
-            lines.append(f"| {name} | failed: {reason} | | | | | | {load} |")
+            lines.append(f"| {name} | failed: {reason} | | | | | | | {load} |")
             continue
         m = means[name]
         x = "n/a" if m["x_in_process"] is None else f"{m['x_in_process']:.2f}"
         ratio = "n/a" if m["naive_over_this"] is None else f"{m['naive_over_this']:.1f}"
+        wire = f"{m['wire'] / 1e6:.1f}" if "wire" in m else "—"
         lines.append(f"| {name} | {m['s']:.1f} | {m['compute']:.1f} | {m['overhead']:.1f} | {x} "
-                     f"| {ratio} | {m['bytes'] / 1e6:.1f} | {load} |")  # fmt: skip
+                     f"| {ratio} | {m['bytes'] / 1e6:.1f} | {wire} | {load} |")  # fmt: skip
     return "\n".join(lines)
 
 

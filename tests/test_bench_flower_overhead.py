@@ -34,6 +34,9 @@ def test_slowest_site_compute_is_its_training_plus_the_next_evaluation(bench):
         {"site": "b", "kind": "evaluate", "s": 0.5},
     ]
     assert bench.compute_per_round(events) == {1: 4.0, 2: 4.5}
+    for e, size in zip(events, [10, 10, 100, 100, 20, 20, 50, 50, 30, 30], strict=True):
+        e["wire"] = size
+    assert bench.wire_per_round(events) == {1: 240, 2: 160}
 
 
 def test_in_process_rounds_and_summary_are_consistent(bench, tmp_path):
@@ -58,10 +61,12 @@ def test_ratios_and_failures_in_the_table(bench):
                             "bytes": 2_000_000}], "load": [1.0, 2.0]}  # fmt: skip
 
     results = {"in-process": run(4.0, 3.0), "flower": run(8.0, 2.0), "naive": run(32.0, 2.0)}
+    results["flower"]["rounds"][0]["wire"] = 500_000
     means = bench.summarize(results)
     assert means["flower"]["x_in_process"] == pytest.approx(2.0)
     assert means["flower"]["naive_over_this"] == pytest.approx(30.0 / 6.0)
     results["broken"] = {"failed": "coordinator exited with status 1", "load": [0.5, 0.7]}
     text = bench.table(results)
-    assert "| flower | 8.0 | 2.0 | 6.0 | 2.00 | 5.0 | 2.0 | 1.0 → 2.0 |" in text
+    assert "| flower | 8.0 | 2.0 | 6.0 | 2.00 | 5.0 | 2.0 | 0.5 | 1.0 → 2.0 |" in text
+    assert "| naive | 32.0 | 2.0 | 30.0 | 8.00 | 1.0 | 2.0 | — | 1.0 → 2.0 |" in text
     assert "| broken | failed: coordinator exited with status 1 |" in text
