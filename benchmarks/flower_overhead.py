@@ -214,7 +214,7 @@ def table(results: dict[str, dict]) -> str:
     for name, result in results.items():
         load = "{:.1f} → {:.1f}".format(*result["load"])
         if name not in means:
-            reason = result.get("failed", "no rounds")
+            reason = f"{result.get('failed', 'no rounds')} after {result['wall_s']:.0f} s"
             lines.append(f"| {name} | failed: {reason} | | | | | | | {load} |")
             continue
         m = means[name]
@@ -224,6 +224,17 @@ def table(results: dict[str, dict]) -> str:
         lines.append(f"| {name} | {m['s']:.1f} | {m['compute']:.1f} | {m['overhead']:.1f} | {x} "
                      f"| {ratio} | {m['bytes'] / 1e6:.1f} | {wire} | {load} |")  # fmt: skip
     return "\n".join(lines)
+
+
+LEGEND = """\
+Overhead = round wall time − the slowest site's compute (training + evaluation, timed in the
+node). MB/round = the tensor payload the coordinator records (down + up, all sites); on the
+wire = tensor bytes that crossed the network, evaluation included (a tensor a node already
+holds travels as a content tag). `flower` and `naive` run the same fed-auc nodes (ClientApp
+tasks executed in the warm node process, 0.1 s SuperNode poll, in-memory SuperLink state);
+`naive` sends every tensor as its own Flower array and never a tag, as a state_dict turned
+into an `ArrayRecord` would. In-process sites run one after another, so its "overhead" is
+mostly the other sites' compute. Load average: 1-minute, before → after each transport."""
 
 
 def machine(threads: int) -> str:
@@ -273,7 +284,7 @@ def main() -> None:
             f"`{command}`\n\n{machine(args.threads)}; seed {args.seed}; "
             f"CODASCA, {args.model} at {args.image_size} px, 3 sites ({', '.join(SITES)}), "
             f"I = {args.local_steps}, data_scale {args.data_scale}, {args.rounds} rounds.\n\n"
-            f"{text}\n"
+            f"{text}\n\n{LEGEND}\n"
         )
 
 

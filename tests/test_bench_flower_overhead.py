@@ -65,8 +65,9 @@ def test_ratios_and_failures_in_the_table(bench):
     means = bench.summarize(results)
     assert means["flower"]["x_in_process"] == pytest.approx(2.0)
     assert means["flower"]["naive_over_this"] == pytest.approx(30.0 / 6.0)
-    results["broken"] = {"failed": "coordinator exited with status 1", "load": [0.5, 0.7]}
+    results["broken"] = {"failed": "coordinator exited with status 1", "load": [0.5, 0.7],
+                         "wall_s": 612.4}  # fmt: skip
     text = bench.table(results)
     assert "| flower | 8.0 | 2.0 | 6.0 | 2.00 | 5.0 | 2.0 | 0.5 | 1.0 → 2.0 |" in text
     assert "| naive | 32.0 | 2.0 | 30.0 | 8.00 | 1.0 | 2.0 | — | 1.0 → 2.0 |" in text
-    assert "| broken | failed: coordinator exited with status 1 |" in text
+    assert "| broken | failed: coordinator exited with status 1 after 612 s |" in text

@@ -188,8 +188,8 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
     victim = "mercy_rural"
     name = "rejoin"
     # Rounds of the tiny model take seconds over Flower: enough of them for a restarted node
-    # (a fresh process importing torch on a busy machine) to rejoin before the run ends.
-    rounds = 10
+    # (a fresh process importing torch on a busy machine: a minute at load 20) to rejoin.
+    rounds = 25
     coordinator = fed.coordinator(name, rounds=rounds, round_timeout_s=60, eval_timeout_s=45)
     log = fed.root / f"{name}.log"
     _wait_for_line(log, "round 1:", coordinator, timeout=400)
