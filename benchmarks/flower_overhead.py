@@ -10,9 +10,12 @@ Three runs of the same federation (same seed, data and model), one after the oth
 
 Every node's compute (training and evaluation, timed inside the node) is logged; a round's
 overhead is its wall time minus the slowest site's compute in it. Bytes per round are the
-tensor payloads the coordinator records (down + up), the same for every transport.
+tensor payloads the coordinator records (down + up), the same for every transport; over
+Flower, the node also logs the tensor bytes that actually crossed the network (fed-auc's
+transport sends tensors a node already holds as content tags).
 
-    python benchmarks/flower_overhead.py --rounds 2 --model densenet121 --image-size 32
+    python benchmarks/flower_overhead.py --markdown benchmarks/results/flower_overhead.md
+    python benchmarks/flower_overhead.py --quick   # the tiny model: Flower's fixed costs only
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -50,12 +54,27 @@ def serve_node(site_toml: str, coordinator: str, timings: str) -> None:
         start = time.perf_counter()
         answer = original(self, header, buffers)
         record = {"site": self.site.name, "kind": header["kind"], "round": header.get("round")}
+        record["s"] = time.perf_counter() - start
+        # bytes that crossed the network for this request (tensor buffers, both ways)
+        record["wire"] = sum(map(len, buffers)) + sum(map(len, answer[1]))
         with open(timings, "a") as out:
-            out.write(json.dumps({**record, "s": time.perf_counter() - start}) + "\n")
+            out.write(json.dumps(record) + "\n")
         return answer
 
     NodeWorker.handle = timed
     run_node(SiteConfig.from_toml(site_toml), coordinator, None, None)
+
+
+def wire_per_round(events: list[dict]) -> dict[int, int]:
+    """Tensor bytes on the wire per round (all sites): its training and the evaluation after."""
+    wire: dict[int, int] = {}
+    for site in {e["site"] for e in events}:
+        evals = [e for e in events if e["site"] == site and e["kind"] == "evaluate"]
+        for e in events:
+            if e["site"] == site and e["kind"] == "train":
+                after = evals[e["round"] + 1]["wire"] if e["round"] + 1 < len(evals) else 0
+                wire[e["round"] + 1] = wire.get(e["round"] + 1, 0) + e["wire"] + after
+    return wire
 
 
 def compute_per_round(events: list[dict]) -> dict[int, float]:
@@ -135,7 +154,9 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
             node.wait(timeout=60)
     events = [json.loads(line) for line in timings.read_text().splitlines()]
     events = [e for e in events if e["kind"] != "register"]
-    return _rounds(round_rows(work / "runs"), compute_per_round(events))
+    wire = wire_per_round(events)
+    rows = _rounds(round_rows(work / "runs"), compute_per_round(events))
+    return [{**r, "wire": wire.get(r["round"], 0)} for r in rows]
 
 
 def _rounds(rows: list[dict], compute: dict[int, float]) -> list[dict]:
@@ -143,17 +164,100 @@ def _rounds(rows: list[dict], compute: dict[int, float]) -> list[dict]:
             for r in rows]  # fmt: skip
 
 
+def measure(options: dict, transports: list[str], work_dir: Path) -> dict[str, dict]:
+    """Run each transport on the same federation; per transport its rounds (or why it failed)
+    and the load average (1 min) before and after it."""
+    results: dict[str, dict] = {}
+    for name in transports:
+        work = work_dir / name
+        work.mkdir(parents=True)
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        try:
+            if name == "in-process":
+                result = {"rounds": in_process(options, work)}
+            else:
+                result = {"rounds": over_flower(options, work, naive=name == "naive")}
+        except subprocess.CalledProcessError as exc:  # a transport that cannot finish
+            result = {"failed": f"{exc.cmd[3]} exited with status {exc.returncode}"}
+        result["load"] = [load, os.getloadavg()[0]]
+        result["wall_s"] = time.perf_counter() - start
+        results[name] = result
+        print(f"{name}: {result['wall_s']:.0f} s in all", file=sys.stderr)
+    return results
+
+
+def summarize(results: dict[str, dict]) -> dict[str, dict]:
+    """Per transport: mean round, compute and overhead (s), MB per round, × in-process and
+    × the naive transport's overhead; None where the reference did not run."""
+    means = {}
+    for name, result in results.items():
+        rows = result.get("rounds")
+        if rows:
+            keys = [k for k in ("s", "compute", "overhead", "bytes", "wire") if k in rows[0]]
+            means[name] = {k: statistics.mean(r[k] for r in rows) for k in keys}
+    base = means.get("in-process", {}).get("s")
+    naive = means.get("naive", {}).get("overhead")
+    for mean in means.values():
+        mean["x_in_process"] = mean["s"] / base if base else None
+        mean["naive_over_this"] = naive / mean["overhead"] if naive else None
+    return means
+
+
+def table(results: dict[str, dict]) -> str:
+    means = summarize(results)
+    lines = [
+        "| transport | round s | slowest node compute s | overhead s | × in-process "
+        "| naive overhead ÷ this | MB/round | MB/round on the wire | load avg before → after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        load = "{:.1f} → {:.1f}".format(*result["load"])
+        if name not in means:
+            reason = f"{result.get('failed', 'no rounds')} after {result['wall_s']:.0f} s"
+            lines.append(f"| {name} | failed: {reason} | | | | | | | {load} |")
+            continue
+        m = means[name]
+        x = "n/a" if m["x_in_process"] is None else f"{m['x_in_process']:.2f}"
+        ratio = "n/a" if m["naive_over_this"] is None else f"{m['naive_over_this']:.1f}"
+        wire = f"{m['wire'] / 1e6:.1f}" if "wire" in m else "—"
+        lines.append(f"| {name} | {m['s']:.1f} | {m['compute']:.1f} | {m['overhead']:.1f} | {x} "
+                     f"| {ratio} | {m['bytes'] / 1e6:.1f} | {wire} | {load} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+LEGEND = """\
+Overhead = round wall time − the slowest site's compute (training + evaluation, timed in the
+node). MB/round = the tensor payload the coordinator records (down + up, all sites); on the
+wire = tensor bytes that crossed the network, evaluation included (a tensor a node already
+holds travels as a content tag). `flower` and `naive` run the same fed-auc nodes (ClientApp
+tasks executed in the warm node process, 0.1 s SuperNode poll, in-memory SuperLink state);
+`naive` sends every tensor as its own Flower array and never a tag, as a state_dict turned
+into an `ArrayRecord` would. In-process sites run one after another, so its "overhead" is
+mostly the other sites' compute. Load average: 1-minute, before → after each transport."""
+
+
+def machine(threads: int) -> str:
+    return (f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+            f"{threads} torch thread(s) per process")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, 2 rounds (~3 min)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", default="densenet121")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--local-steps", type=int, default=8)
-    parser.add_argument("--data-scale", type=float, default=0.5)
+    parser.add_argument("--data-scale", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--work-dir", type=Path, help="keep logs and stores here (default: temp)")
     parser.add_argument("--transports", default="in-process,flower,naive", help="which to run")
+    parser.add_argument("--markdown", type=Path, help="write the result table here (Markdown)")
     args = parser.parse_args()
+    if args.quick:
+        args.model = "tiny"
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # every process: 3 nodes share the CPUs
     torch.set_num_threads(args.threads)
     options = {
@@ -164,35 +268,24 @@ def main() -> None:
         "model": args.model,
         "image_size": args.image_size,
         "data_scale": args.data_scale,
+        "seed": args.seed,
     }
-    results: dict[str, list[dict]] = {}
-    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.transports.split(","):
-            work = (args.work_dir or Path(tmp)) / name
-            work.mkdir(parents=True)
-            start = time.perf_counter()
-            try:
-                if name == "in-process":
-                    results[name] = in_process(options, work)
-                else:
-                    results[name] = over_flower(options, work, naive=name == "naive")
-            except subprocess.CalledProcessError as exc:  # a transport that cannot finish
-                failed[name] = f"{exc.cmd[3]} exited with status {exc.returncode}"
-            print(f"{name}: {time.perf_counter() - start:.0f} s in all", file=sys.stderr)
-    if not results:
-        raise SystemExit(f"no transport finished: {failed}")
-    base = statistics.mean(r["s"] for r in results.get("in-process", next(iter(results.values()))))
-    print("| transport | round s | slowest node compute s | overhead s | × in-process | MB/round |")
-    print("|---|---|---|---|---|---|")
-    for name, reason in failed.items():
-        print(f"| {name} | failed: {reason} | | | | |")
-    for name, rows in results.items():
-        mean = {k: statistics.mean(r[k] for r in rows) for k in ("s", "compute", "overhead")}
-        mb = statistics.mean(r["bytes"] for r in rows) / 1e6
-        print(f"| {name} | {mean['s']:.1f} | {mean['compute']:.1f} | {mean['overhead']:.1f} "
-              f"| {mean['s'] / base:.2f} | {mb:.1f} |")  # fmt: skip
+        results = measure(options, args.transports.split(","), args.work_dir or Path(tmp))
+    if not any("rounds" in r for r in results.values()):
+        raise SystemExit(f"no transport finished: {results}")
+    text = table(results)
+    print(text)
     print(json.dumps(results), file=sys.stderr)
+    if args.markdown:
+        command = " ".join(["python benchmarks/flower_overhead.py", *sys.argv[1:]])
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(
+            f"`{command}`\n\n{machine(args.threads)}; seed {args.seed}; "
+            f"CODASCA, {args.model} at {args.image_size} px, 3 sites ({', '.join(SITES)}), "
+            f"I = {args.local_steps}, data_scale {args.data_scale}, {args.rounds} rounds.\n\n"
+            f"{text}\n\n{LEGEND}\n"
+        )
 
 
 if __name__ == "__main__":

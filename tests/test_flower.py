@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,14 +22,17 @@ from fed_auc.transport.flower_certs import make_certs
 from fed_auc.transport.flower_cli import load_experiment
 from fed_auc.transport.flower_codec import (
     PER_TENSOR_ENV,
+    TensorCache,
     broadcast_frame,
     decode_tensors,
+    digest,
     encode_tensors,
     evaluation_frame,
     frame_broadcast,
     frame_evaluation,
     frame_reply,
     reply_frame,
+    tensor_frame,
 )
 from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
 
@@ -94,6 +98,45 @@ def test_requests_and_replies_round_trip_through_frames():
     assert np.array_equal(got.labels, labels)
     header, buffers = evaluation_frame(private)
     assert buffers == [] and frame_evaluation((header, buffers)).splits["test"].scores is None
+
+
+def test_tensors_the_receiver_holds_travel_as_tags_and_come_back_exactly():
+    gen = torch.Generator().manual_seed(1)
+    model = {"w": torch.randn(4, 3, generator=gen), "n": torch.arange(3)}
+    ref = {"ref/w": torch.randn(4, 3, generator=gen)}
+    cache = TensorCache()
+    first = encode_tensors({**model, **ref}, known=cache.tags())
+    assert sum(len(b) for b in first[1]) == (12 + 12) * 4 + 3 * 8  # nothing known yet
+    decode_tensors(*first, cache)
+    # the next request: a new model, the same reference; only the new model's bytes travel
+    new_model = {"w": model["w"] + 1, "n": model["n"]}
+    index, buffers = encode_tensors({**new_model, **ref}, known=cache.tags())
+    assert sum(len(b) for b in buffers) == 12 * 4
+    back = decode_tensors(index, buffers, cache)
+    for name, tensor in {**new_model, **ref}.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    back["ref/w"].add_(1.0)  # a node that changes what it got does not change the cache
+    again = decode_tensors(*encode_tensors(ref, known=cache.tags()), cache)
+    assert torch.equal(again["ref/w"], ref["ref/w"])
+
+
+def test_the_cache_keeps_two_requests_and_a_missing_tag_is_a_clear_error():
+    a, b, c = torch.zeros(2), torch.ones(2), torch.full((2,), 2.0)
+    cache = TensorCache()
+    for tensors in ({"x": a}, {"x": b}, {"x": c}):
+        decode_tensors(*encode_tensors(tensors, known=[]), cache)
+    assert cache.tags() == sorted({digest(b), digest(c)})  # a, two requests ago, is gone
+    assert digest(a) != digest(torch.zeros(2, 1))  # the shape is part of the tag
+    index, buffers = encode_tensors({"x": a}, known=[digest(a)])
+    with pytest.raises(ValueError, match=f"tensor 'x' was sent as cached copy {digest(a)}"):
+        decode_tensors(index, buffers, cache)
+
+
+def test_the_naive_baseline_never_sends_tags(monkeypatch):
+    tensors = {"w": torch.randn(3)}
+    monkeypatch.setenv(PER_TENSOR_ENV, "1")
+    index, buffers = encode_tensors(tensors, known=[digest(tensors["w"])])
+    assert [len(b) for b in buffers] == [12] and len(index[0]) == 4
 
 
 # -- node worker ----------------------------------------------------------------------------
@@ -163,6 +206,29 @@ def test_worker_keeps_local_state_across_a_restart(tmp_path):
     torch.testing.assert_close(b["sampler"], a["sampler"])
 
 
+def test_a_worker_fed_tags_answers_as_one_fed_every_byte(tmp_path):
+    """Train, evaluate, train again with what the node holds sent as tags: same replies."""
+    setup, broadcast = _setup()
+    replies = []
+    for name, tagged in (("full", False), ("tagged", True)):
+        worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path / name, "mercy_rural", 2)))
+        held = worker.handle({"kind": "register", "setup": setup}, [])[0]["cached"]
+        assert held == []
+        first = worker.handle(*broadcast_frame(broadcast, setup, held if tagged else None))
+        model = {n: t for n, t in broadcast.tensors.items() if not n.startswith(("ref/", "c/"))}
+        request = {"kind": "evaluate", "setup": setup, "pooled": False}
+        known = first[0]["cached"] if tagged else None
+        held = worker.handle(*tensor_frame(request, model, known))[0]["cached"]
+        second = dataclasses.replace(broadcast, round=1)
+        frame = broadcast_frame(second, setup, held if tagged else None)
+        if tagged:  # the node holds all of round 1's tensors: only the header travels
+            assert frame[1] == [] and set(held) >= {entry[4] for entry in frame[0]["index"]}
+        replies.append([frame_reply(first), frame_reply(worker.handle(*frame))])
+    for full, tagged in zip(*replies, strict=True):
+        for name, tensor in full.tensors.items():
+            assert torch.equal(tagged.tensors[name], tensor), name
+
+
 def test_site_local_steps_override_the_coordinators(tmp_path):
     setup, broadcast = _setup()
     site = SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2, local_steps=3))
@@ -171,8 +237,6 @@ def test_site_local_steps_override_the_coordinators(tmp_path):
 
 def test_worker_refuses_a_request_older_than_one_it_answered(tmp_path):
     """A late ClientApp for round 1 must not overwrite round 2's pending state."""
-    import dataclasses
-
     setup, broadcast = _setup()
     worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
     later = dataclasses.replace(broadcast, round=1)
@@ -234,3 +298,19 @@ def test_options_the_flower_nodes_cannot_honour_are_refused(tmp_path, line, name
     path.write_text(f"rounds = 2\n{line}\n[flower]\ninsecure = true\n")
     with pytest.raises(SystemExit, match=f"{named}.*not supported over Flower yet"):
         load_experiment(path, {})
+
+
+def test_the_supernode_entry_caps_flowers_idle_sleeps():
+    """Flower's SuperNode sleeps 3 s between empty pulls; our entry point caps that."""
+    import inspect
+    import time
+
+    from flwr.supernode import start_client_internal
+
+    from fed_auc.transport import flower_supernode
+
+    assert "time.sleep(3)" in inspect.getsource(start_client_internal)  # what the cap is for
+    assert start_client_internal.time.monotonic is time.monotonic  # the rest is the real module
+    start = time.perf_counter()
+    start_client_internal.time.sleep(3)
+    assert time.perf_counter() - start < flower_supernode.POLL_S + 0.5

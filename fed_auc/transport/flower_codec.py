@@ -9,7 +9,9 @@ index in the header: a handful of objects whatever the model.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -29,53 +31,125 @@ Frame = tuple[dict[str, Any], list[bytes]]
 PER_TENSOR_ENV = "FED_AUC_FLOWER_PER_TENSOR"
 
 
-def encode_tensors(tensors: Tensors) -> tuple[list[list[Any]], list[bytes]]:
-    """Index (name, dtype, shape, buffer number) and one contiguous buffer per dtype."""
+def digest(tensor: torch.Tensor) -> str:
+    """Content tag of a tensor: equal tags, equal dtype, shape and bytes."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    meta = f"{tensor.dtype}{tuple(tensor.shape)}".encode()
+    return hashlib.blake2b(meta + data.tobytes(), digest_size=16).hexdigest()
+
+
+def encode_tensors(
+    tensors: Tensors, known: Collection[str] | None = None, memo: dict[int, str] | None = None
+) -> tuple[list[list[Any]], list[bytes]]:
+    """Index (name, dtype, shape, buffer number) and one contiguous buffer per dtype.
+
+    With ``known`` (the content tags the receiver holds, see ``TensorCache``) every entry also
+    carries its tensor's tag, and a tensor whose tag is known travels as the tag alone
+    (buffer number -1): the receiver already has its bytes. ``memo`` (tensor id → tag) saves
+    hashing the same tensors again for every site of a request; it must not outlive them.
+    """
+    memo = {} if memo is None else memo
     per_tensor = os.environ.get(PER_TENSOR_ENV) == "1"
+    known = None if per_tensor else known  # the naive baseline sends everything every time
     groups: dict[Any, list[torch.Tensor]] = {}
     index = []
     for name, tensor in tensors.items():
+        entry = [name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), -1]
+        index.append(entry)
+        if known is not None:
+            if id(tensor) not in memo:
+                memo[id(tensor)] = digest(tensor)
+            entry.append(memo[id(tensor)])
+            if entry[4] in known:
+                continue
         key = name if per_tensor else tensor.dtype
         group = groups.setdefault(key, [])
-        buffer = list(groups).index(key)
-        index.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), buffer])
+        entry[3] = list(groups).index(key)
         group.append(tensor.detach().reshape(-1))
     buffers = [torch.cat(group).numpy().tobytes() for group in groups.values()]
     return index, buffers
 
 
-def decode_tensors(index: list[list[Any]], buffers: list[bytes]) -> Tensors:
-    """Inverse of ``encode_tensors``; checks that the buffers hold what the index says."""
+def decode_tensors(
+    index: list[list[Any]], buffers: list[bytes], cache: TensorCache | None = None
+) -> Tensors:
+    """Inverse of ``encode_tensors``; checks that the buffers hold what the index says.
+    Tagged tensors are remembered in ``cache``; untransmitted ones are taken from it."""
     by_buffer: dict[int, list[list[Any]]] = {}
     for entry in index:
         by_buffer.setdefault(entry[3], []).append(entry)
     out: Tensors = {}
     for number, entries in by_buffer.items():
+        if number == -1:
+            for name, _, _, _, tag in entries:
+                out[name] = _cached(cache, name, tag)
+            continue
         dtype = getattr(torch, entries[0][1])
-        sizes = [int(np.prod(shape, dtype=np.int64)) for _, _, shape, _ in entries]
+        sizes = [int(np.prod(entry[2], dtype=np.int64)) for entry in entries]
         flat = torch.frombuffer(bytearray(buffers[number]), dtype=dtype)
         if flat.numel() != sum(sizes):
             raise ValueError(
                 f"payload buffer {number} holds {flat.numel()} {entries[0][1]} values, "
                 f"its index describes {sum(sizes)}"
             )
-        for (name, _, shape, _), part in zip(entries, torch.split(flat, sizes), strict=True):
-            out[name] = part.view(shape)
-    return {name: out[name] for name, *_ in index}
+        for entry, part in zip(entries, torch.split(flat, sizes), strict=True):
+            out[entry[0]] = part.view(entry[2])
+    tensors = {name: out[name] for name, *_ in index}
+    if cache is not None:
+        cache.remember({entry[4]: tensors[entry[0]] for entry in index if len(entry) > 4})
+    return tensors
 
 
-def tensor_frame(header: dict[str, Any], tensors: Tensors) -> Frame:
-    index, buffers = encode_tensors(tensors)
+def _cached(cache: TensorCache | None, name: str, tag: str) -> torch.Tensor:
+    if cache is None or tag not in cache.tensors:
+        raise ValueError(f"tensor {name!r} was sent as cached copy {tag}, which this node lacks")
+    return cache.tensors[tag].clone()  # the cache's copy stays as it was sent
+
+
+class TensorCache:
+    """The receiver's copies of the tensors of its last two requests, by content tag.
+
+    Two, because a tensor often comes back one request later: the model a node evaluates is
+    the one the next training request sends, and CODASCA's proximal reference v_ref changes
+    only at stage starts. The receiver tells the sender ``tags()`` with every answer; the
+    sender sends those tensors as tags alone.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, torch.Tensor] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def remember(self, tagged: dict[str, torch.Tensor]) -> None:
+        copies = {tag: tensor.clone() for tag, tensor in tagged.items()}  # safe from in-place ops
+        self.tensors = {**self._last, **copies}
+        self._last = copies
+
+    def tags(self) -> list[str]:
+        return sorted(self.tensors)
+
+
+def tensor_frame(
+    header: dict[str, Any],
+    tensors: Tensors,
+    known: Collection[str] | None = None,
+    memo: dict[int, str] | None = None,
+) -> Frame:
+    index, buffers = encode_tensors(tensors, known, memo)
     return {**header, "index": index}, buffers
 
 
-def frame_tensors(frame: Frame) -> Tensors:
+def frame_tensors(frame: Frame, cache: TensorCache | None = None) -> Tensors:
     header, buffers = frame
-    return decode_tensors(header["index"], buffers)
+    return decode_tensors(header["index"], buffers, cache)
 
 
 # -- train ------------------------------------------------------------------------------
-def broadcast_frame(broadcast: Broadcast, setup: dict[str, Any]) -> Frame:
+def broadcast_frame(
+    broadcast: Broadcast,
+    setup: dict[str, Any],
+    known: Collection[str] | None = None,
+    memo: dict[int, str] | None = None,
+) -> Frame:
     header = {
         "kind": "train",
         "setup": setup,
@@ -83,12 +157,13 @@ def broadcast_frame(broadcast: Broadcast, setup: dict[str, Any]) -> Frame:
         "phase": broadcast.phase,
         "config": broadcast.config,
     }
-    return tensor_frame(header, broadcast.tensors)
+    return tensor_frame(header, broadcast.tensors, known, memo)
 
 
-def frame_broadcast(frame: Frame) -> Broadcast:
+def frame_broadcast(frame: Frame, cache: TensorCache | None = None) -> Broadcast:
     header = frame[0]
-    return Broadcast(header["round"], header["phase"], frame_tensors(frame), header["config"])
+    tensors = frame_tensors(frame, cache)
+    return Broadcast(header["round"], header["phase"], tensors, header["config"])
 
 
 def reply_frame(reply: Reply) -> Frame:

@@ -2,10 +2,10 @@
 
 Coordinator: a SuperLink (TLS, node authentication), the site keys registered through its
 Control API, then the fed-auc Flower app submitted with ``flwr run``; the ServerApp runs the
-experiment and leaves a summary file. Node: the long-lived node worker in this process and a
-SuperNode child whose ClientApps relay to it. Flower's own CLIs do the work (``flwr``,
-``flower-superlink``, ``flower-supernode``); they spawn ``flower-superexec`` by name, so the
-environment's ``bin`` is put on PATH.
+experiment and leaves a summary file. Node: the long-lived node worker in this process, which
+also executes the ClientApp tasks, and a SuperNode child (``--isolation process``). Flower's own
+CLIs do the work (``flwr``, ``flower-superlink``, ``flower-supernode``); they spawn
+``flower-superexec`` by name, so the environment's ``bin`` is put on PATH.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
 from fed_auc.transport import flower_client
+from fed_auc.transport.flower_executor import serve_tasks
 from fed_auc.transport.flower_server import FlowerSettings
-from fed_auc.transport.flower_worker import NodeWorker, SiteConfig, new_authkey, serve
+from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
@@ -138,17 +137,13 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
         "--port",
         port,
         "--disable-runtime-dependency-installation",
-        "--database",
-        str(work_dir / "superlink.db"),
-    ]
+    ]  # no --database: Flower's in-memory state (a SQLite file locks under many objects)
     if certs is None:
         command.append("--insecure")
     else:
         command += ["--ssl-ca-certfile", str(certs / "ca.pem")]
         command += ["--ssl-certfile", str(certs / "server.pem")]
         command += ["--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]
-    for suffix in ("", "-wal", "-shm"):  # the SuperLink's state lasts one coordinator run
-        (work_dir / f"superlink.db{suffix}").unlink(missing_ok=True)
     experiment_file = work_dir / "experiment.json"
     summary_file = work_dir / "summary.json"
     summary_file.unlink(missing_ok=True)
@@ -220,24 +215,24 @@ def run_node(
     auth_key: Path | None,
     echo=print,
 ) -> int:
-    """Serve the site until stopped (SIGTERM / Ctrl-C); the SuperNode is restarted if it exits."""
+    """Serve the site until stopped (SIGTERM / Ctrl-C); the SuperNode is restarted if it exits.
+
+    The SuperNode runs with ``--isolation process`` and this process, where the worker keeps
+    data and model warm, executes its ClientApp tasks (``flower_executor``).
+    """
     state_dir = site.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    authkey_file = state_dir / "worker.key"
-    authkey = new_authkey(authkey_file)
-    # A short path: Unix socket names are limited to ~100 bytes.
-    address = tempfile.mktemp(prefix=f"fed-auc-{site.name[:20]}-", suffix=".sock")
-    listener = Listener(address, family="AF_UNIX", authkey=authkey)
     worker = NodeWorker(site)
-    command = ["flower-supernode", "--superlink", coordinator, "--port", str(free_port())]
+    port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
+    command = [sys.executable, "-m", "fed_auc.transport.flower_supernode"]
+    command += ["--superlink", coordinator, "--isolation", "process", "--port", str(port)]
     if root_certificates is None:
         command.append("--insecure")
     else:
         command += ["--root-certificates", str(Path(root_certificates).resolve())]
     if auth_key is not None:
         command += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
-    node_config = f'worker-socket="{address}" worker-key="{authkey_file}" site="{site.name}"'
-    command += ["--node-config", node_config]
+    command += ["--node-config", f'site="{site.name}"']
     env = flower_env(state_dir / "flwr_home")
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
@@ -253,10 +248,9 @@ def run_node(
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
-                    start_new_session=True,  # its process group: the SuperExec it starts too
+                    start_new_session=True,
                 )
             supernode.wait()
-            _kill_group(supernode.pid)
             if not stopping.is_set():
                 echo(f"{site.name}: SuperNode exited with {supernode.returncode}; restarting")
                 stopping.wait(RESTART_DELAY_S)
@@ -265,15 +259,13 @@ def run_node(
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
     echo(f"{site.name}: node up (state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")
     try:
-        serve(worker, listener)
+        serve_tasks(f"127.0.0.1:{port}", worker.handle, site.name, stopping)
     except KeyboardInterrupt:
         pass
     finally:
-        listener.close()
         stopping.set()
         if supernode is not None:
             _kill_group(supernode.pid)
             supernode.wait(timeout=30)
-        Path(address).unlink(missing_ok=True)
     echo(f"{site.name}: node stopped")
     return 0

@@ -95,6 +95,9 @@ class FlowerTransport:
         self.registrations: dict[str, dict[str, Any]] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
         self._answers: dict[str, dict[str, Any]] = {}  # site → its latest register answer
+        # site → content tags of the tensors its node holds (flower_codec.TensorCache), as its
+        # last answer said; those travel as tags. Forgotten when the site fails or rejoins.
+        self.held: dict[str, list[str]] = {}
 
     @property
     def sites(self) -> list[str]:
@@ -121,7 +124,11 @@ class FlowerTransport:
         return self.registrations
 
     def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
-        frames = {site: broadcast_frame(b, self.setup) for site, b in requests.items()}
+        memo: dict[int, str] = {}  # the sites share the plan's tensors: hash them once
+        frames = {
+            site: broadcast_frame(b, self.setup, self.held.get(site, []), memo)
+            for site, b in requests.items()
+        }
         answers = self._ask(frames, "train", self.settings.round_timeout_s)
         return {
             site: answer if isinstance(answer, NodeFailure) else _decode(site, frame_reply, answer)
@@ -132,9 +139,11 @@ class FlowerTransport:
         self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
     ) -> dict[str, Evaluation | NodeFailure]:
         header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
-        frame = tensor_frame(header, tensors)
-        timeout = self.settings.eval_timeout_s
-        answers = self._ask({site: frame for site in sites}, "evaluate", timeout)
+        memo: dict[int, str] = {}
+        frames = {
+            site: tensor_frame(header, tensors, self.held.get(site, []), memo) for site in sites
+        }
+        answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
         return {
             site: a if isinstance(a, NodeFailure) else _decode(site, frame_evaluation, a)
             for site, a in answers.items()
@@ -169,6 +178,11 @@ class FlowerTransport:
             answers.setdefault(
                 site, NodeFailure(site, "dropped", f"no answer within {timeout:g} s")
             )
+        for site, answer in answers.items():
+            if isinstance(answer, NodeFailure):
+                self.held.pop(site, None)
+            else:
+                self.held[site] = answer[0].get("cached", [])
         done = sum(not isinstance(a, NodeFailure) for a in answers.values())
         if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
             raise FederationError(
@@ -194,6 +208,7 @@ class FlowerTransport:
             answer, _ = message_frame(reply.content)
             self.node_of[answer["site"]] = reply.metadata.src_node_id
             self._answers[answer["site"]] = answer
+            self.held[answer["site"]] = answer.get("cached", [])
             self.log(f"site {answer['site']} joined (Flower node {reply.metadata.src_node_id})")
 
     def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:

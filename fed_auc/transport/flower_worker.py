@@ -1,19 +1,17 @@
 """The long-lived node worker behind ``fed-auc node``: data, model and local state stay warm.
 
-The ClientApp (``flower_client``) relays every Flower message here over a local Unix socket.
-The worker builds the site's ``Node`` once per federated run, from the run's setup (algorithm,
-hyperparameters, model, seed) that every request carries, and keeps it between messages; the
-node's local state lives under ``<state_dir>/<run id>/`` and survives a restart of the node.
+``fed-auc node`` runs Flower's ClientApp tasks in this process (``flower_executor``) and
+hands each message to ``NodeWorker.handle``. The worker builds the site's ``Node`` once per
+federated run, from the run's setup (algorithm, hyperparameters, model, seed) that every
+request carries, and keeps it between messages; the node's local state lives under
+``<state_dir>/<run id>/`` and survives a restart of the node.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import tomllib
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +29,9 @@ from fed_auc.data.synthetic import (
 from fed_auc.node import Node
 from fed_auc.privacy import Privacy
 from fed_auc.simulation import site_summary
-from fed_auc.transport.flower_client import recv_frame, send_frame
 from fed_auc.transport.flower_codec import (
     Frame,
+    TensorCache,
     evaluation_frame,
     frame_broadcast,
     frame_tensors,
@@ -99,10 +97,16 @@ class NodeWorker:
         self._setup: dict[str, Any] | None = None
         self._node: Node | None = None
         self._latest: tuple[int, int] | None = None  # (round, phase index) of the last train
+        self._cache = TensorCache()  # tensors the coordinator need not send again
         if site.threads is not None:
             torch.set_num_threads(site.threads)
 
     def handle(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
+        """The answer to one request; it also lists the tensors this node holds (``cached``)."""
+        answer, answer_buffers = self._answer(header, buffers)
+        return {**answer, "cached": self._cache.tags()}, answer_buffers
+
+    def _answer(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
         node = self._node_for(header["setup"])
         kind = header["kind"]
         if kind == "register":
@@ -112,13 +116,13 @@ class NodeWorker:
             summary = site_summary(node.site)
             return {"site": node.name, "registration": registration, "summary": summary}, []
         if kind == "train":
-            broadcast = frame_broadcast((header, buffers))
+            broadcast = frame_broadcast((header, buffers), self._cache)
             self._refuse_stale(node, broadcast.round, broadcast.phase)
             if self.site.local_steps is not None and "local_steps" in broadcast.config:
                 broadcast.config["local_steps"] = self.site.local_steps
             return reply_frame(node.train(broadcast))
         if kind == "evaluate":
-            tensors = frame_tensors((header, buffers))
+            tensors = frame_tensors((header, buffers), self._cache)
             return evaluation_frame(node.evaluate(tensors, pooled=bool(header["pooled"])))
         raise ValueError(f"unknown request kind {kind!r}")
 
@@ -165,36 +169,3 @@ def _privacy(setup: dict[str, Any]) -> Privacy | None:
     if setup.get("dp_clip") is None:
         return None
     return Privacy(setup["dp_clip"], setup.get("dp_noise", 0.0), setup["seed"])
-
-
-def new_authkey(path: Path) -> bytes:
-    """A fresh random key for the worker socket, readable by this user only."""
-    key = secrets.token_bytes(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_bytes(key)
-    return key
-
-
-def serve(worker: NodeWorker, listener: Listener) -> None:
-    """Answer one connection at a time until the listener closes; errors go back as answers."""
-    while True:
-        try:
-            conn = listener.accept()
-        except AuthenticationError:  # a local process without the key
-            log.warning("%s: refused a connection without the worker key", worker.site.name)
-            continue
-        except OSError:  # closed: the node is stopping
-            return
-        with conn:
-            try:
-                header, buffers = recv_frame(conn)
-                answer, answer_buffers = worker.handle(header, buffers)
-            except Exception as exc:  # the coordinator records it as this site's error
-                log.exception("%s: request failed", worker.site.name)
-                answer, answer_buffers = {"error": f"{type(exc).__name__}: {exc}"}, []
-            try:
-                send_frame(conn, answer, answer_buffers)
-            except OSError as exc:  # the ClientApp was stopped (e.g. deadline passed)
-                log.warning("%s: could not send the answer: %s", worker.site.name, exc)

@@ -1,0 +1,36 @@
+"""``flower-supernode`` with a short idle poll: ``python -m fed_auc.transport.flower_supernode``.
+
+Flower 1.41's SuperNode sleeps 3 s whenever the SuperLink has no message for it, and 0.5 s
+between checks for its ClientApp's reply (both hard-coded in
+``flwr.supernode.start_client_internal``). A round sends each node a training and an
+evaluation message, each usually arriving while the node sleeps: up to 6 s per round of
+waiting for nothing. This entry point caps those sleeps at ``POLL_S`` and is otherwise
+Flower's own ``flower-supernode``, with the same arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flwr.supernode import start_client_internal
+from flwr.supernode.cli.flower_supernode import flower_supernode
+
+POLL_S = 0.1  # a pull every 0.1 s when idle: a small HTTP request, cheap for the SuperLink
+
+
+class _ShortSleeps:
+    """The ``time`` module as the SuperNode's loop sees it, with sleeps capped."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(min(seconds, POLL_S))
+
+
+start_client_internal.time = _ShortSleeps()  # type: ignore[assignment]
+
+if __name__ == "__main__":
+    flower_supernode()
