@@ -268,6 +268,7 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
             local_work=config.local_work(sites),
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
+            eval_every=config.eval_every,
         )
         if resume:
             last = coordinator.resume()
