@@ -67,7 +67,8 @@ def simulate_command(args: argparse.Namespace, row: Row, seed: int) -> list[str]
     command += ["--data", f"medmnist:{args.npz}", "--algorithm", "codasca"]
     command += ["--model", args.model, "--image-size", str(args.image_size)]
     command += ["--rounds", str(args.rounds), "--warmup-rounds", str(args.warmup_rounds)]
-    command += ["--batch-size", "32", "--augment", row.augment, "--seed", str(seed)]
+    command += ["--batch-size", "32", "--lr", str(args.lr)]
+    command += ["--augment", row.augment, "--seed", str(seed)]
     command += ["--runs-dir", str(args.runs_dir), *row.simulate_args()]
     return command + shlex.split(args.simulate_args)
 
@@ -108,7 +109,8 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         f"Machine: {machine_line()}  ",
         f"Seeds: {', '.join(map(str, args.seeds))} (partition, initialization, sampling, "
         f"augmentation); {args.warmup_rounds} warm-up rounds (fedavg + CE), then "
-        f"{args.rounds} CODASCA rounds; exported round = best pooled validation AUC.",
+        f"{args.rounds} CODASCA rounds, lr {args.lr}; exported round = best pooled validation "
+        "AUC.",
         "",
         "| setting | augment | model | test AUC (mean ± sd) | per seed | exported round |",
         "|---|---|---|---|---|---|",
@@ -136,6 +138,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--npz", default="../shared/data/breastmnist.npz")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--image-size", type=int, default=28)
+    parser.add_argument("--lr", type=float, default=0.2, help="warm-up and CODASCA step size")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--warmup-rounds", type=int)
     parser.add_argument("--seeds", type=int, nargs="+")

@@ -104,7 +104,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--augment",
-        help="training-time augmentation: none, flip, crop_flip (default: crop_flip for image "
+        help="training-time augmentation: none, flip, crop_flip (default: flip for image "
         "files, none for synthetic)",
     )
     p.add_argument(

@@ -96,8 +96,8 @@ class SimulationConfig:
     warmup_rounds: int = 0
     select: str = "best_val"
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
-    # crop_flip. None: crop_flip for image files (few real images overfit fast), none for the
-    # synthetic demo (its images are drawn fresh per seed; keeps the demo's numbers).
+    # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
+    # 28 px crop_flip underfit in 30 rounds, BENCHMARKS.md), none for the synthetic demo.
     augment: str | None = None
     # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
@@ -205,7 +205,7 @@ class SimulationConfig:
         """The augmentation in effect: the chosen one, or the default for the data source."""
         if self.augment is not None:
             return self.augment
-        return "none" if parse_data_spec(self.data).kind == "synthetic" else "crop_flip"
+        return "none" if parse_data_spec(self.data).kind == "synthetic" else "flip"
 
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""

@@ -97,10 +97,10 @@ def test_stream_resumes_the_augmentation_exactly() -> None:
     assert all(torch.equal(e, next(again)[0]) for e in expected)
 
 
-def test_default_is_crop_flip_for_files_and_none_for_synthetic() -> None:
+def test_default_is_flip_for_files_and_none_for_synthetic() -> None:
     assert SimulationConfig().augmentation() == "none"
-    assert SimulationConfig(data="medmnist:x.npz").augmentation() == "crop_flip"
-    assert SimulationConfig(data="medmnist:x.npz", augment="flip").augmentation() == "flip"
+    assert SimulationConfig(data="medmnist:x.npz").augmentation() == "flip"
+    assert SimulationConfig(data="csv:x.csv", augment="crop_flip").augmentation() == "crop_flip"
 
 
 def test_node_trains_on_augmented_batches_but_evaluates_the_stored_images(tmp_path) -> None:
