@@ -110,7 +110,7 @@ class Node:
             batch_size,
             seed=seed,
             min_pos_fraction=min_pos_fraction,
-            augment=Augment(augment, seed + AUGMENT_SEED_OFFSET),
+            augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
