@@ -117,7 +117,9 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
     ]
     for row, results in table.items():
         s = summarize(results)
-        auc = f"{s['mean']:.3f} ± {s['sd']:.3f}" if len(results) > 1 else f"{s['mean']:.3f} (1 seed)"
+        auc = f"{s['mean']:.3f} ± {s['sd']:.3f}"
+        if len(results) == 1:
+            auc = f"{s['mean']:.3f} (1 seed)"
         per_seed = ", ".join(f"{a:.3f}" for a in s["aucs"])
         chosen = ", ".join(str(r["selected_round"]) for r in results)
         setting = "federated, dirichlet:0.5, 4 sites" if row.setting == "federated" else (
