@@ -1,12 +1,14 @@
 """BreastMNIST: federated (dirichlet:0.5, 4 sites, CODASCA) vs centralized (--sites 1).
 
-Runs `fed-auc simulate` once per seed and setting, then prints the pooled test AUC of the
-exported model (the round with the best validation AUC) as mean ± sd over seeds. Every run
-uses one torch thread (OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the
-same round 20× slower by spinning. Results: BENCHMARKS.md, section "BreastMNIST".
+Runs `fed-auc simulate` once per seed and row (setting × augmentation), then reports the
+pooled test AUC of the exported model (the round with the best validation AUC) as mean ± sd
+over seeds, next to the two quoted references. Every run uses one torch thread
+(OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the same round 20× slower
+by spinning.
 
-    python benchmarks/breastmnist.py --npz ../shared/data/breastmnist.npz --model tiny \
-        --image-size 28 --rounds 30 --warmup-rounds 10 --seeds 0 1 2
+    python benchmarks/breastmnist.py --quick                      # tiny @ 28 px, minutes
+    python benchmarks/breastmnist.py --markdown benchmarks/results/breastmnist.md
+    python benchmarks/breastmnist.py --model densenet121 --image-size 32 --rows federated:flip
 """
 
 from __future__ import annotations
@@ -14,55 +16,168 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shlex
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 
-def run(args: argparse.Namespace, seed: int, federated: bool) -> dict:
-    setting = ["--partition", "dirichlet:0.5", "--sites", "4", "--local-steps", "8"]
-    if not federated:  # same images per round as 4 sites × 8 steps
-        setting = ["--sites", "1", "--local-steps", "32"]
+REFERENCES = [  # quoted, not run by this script
+    ("MedMNIST v2 benchmark (quoted)", "ResNet-18 @ 28 px", "0.901"),
+    (
+        "LibAUC recipe, centralized (quoted: CE then AUC-margin + PESG, best-validation epoch)",
+        "DenseNet121 @ 32 px",
+        "0.909 ± 0.012",
+    ),
+]
+FULL = {"rounds": 30, "warmup_rounds": 10, "seeds": [0, 1, 2]}
+QUICK = {"rounds": 10, "warmup_rounds": 3, "seeds": [0, 1, 2]}
+DEFAULT_ROWS = ["federated:none", "federated:flip", "centralized:flip"]
+QUICK_ROWS = ["federated:flip", "centralized:flip"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: the federated split or the centralized run, with one augmentation."""
+
+    setting: str  # federated | centralized
+    augment: str
+
+    @classmethod
+    def parse(cls, text: str) -> Row:
+        setting, _, augment = text.partition(":")
+        if setting not in ("federated", "centralized") or not augment:
+            raise ValueError(f"row must be federated:AUGMENT or centralized:AUGMENT, got {text!r}")
+        return cls(setting, augment)
+
+    def simulate_args(self) -> list[str]:
+        if self.setting == "federated":
+            return ["--partition", "dirichlet:0.5", "--sites", "4", "--local-steps", "8"]
+        # Centralized: the same images per round as 4 sites × 8 steps, one site with all data.
+        return ["--sites", "1", "--local-steps", "32"]
+
+
+def simulate_command(args: argparse.Namespace, row: Row, seed: int) -> list[str]:
+    """The `fed-auc simulate` command of one run (printed in the Markdown as run)."""
     command = [sys.executable, "-m", "fed_auc.cli", "simulate", "--json"]
     command += ["--data", f"medmnist:{args.npz}", "--algorithm", "codasca"]
     command += ["--model", args.model, "--image-size", str(args.image_size)]
     command += ["--rounds", str(args.rounds), "--warmup-rounds", str(args.warmup_rounds)]
-    command += ["--batch-size", "32", "--seed", str(seed), "--runs-dir", args.runs_dir, *setting]
+    command += ["--batch-size", "32", "--lr", str(args.lr)]
+    command += ["--augment", row.augment, "--seed", str(seed)]
+    command += ["--runs-dir", str(args.runs_dir), *row.simulate_args()]
+    return command + shlex.split(args.simulate_args)
+
+
+def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
+    """One simulated run: the exported (best-validation) round and its pooled test AUC."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    command = simulate_command(args, row, seed)
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed:\n{out.stderr[-2000:]}")
     summary = json.loads(out.stdout)
     selected = summary["selected_round"]
     return {"seed": seed, "selected_round": selected, "test_auc": summary["global_auc"][selected]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--npz", default="../shared/data/breastmnist.npz")
-    parser.add_argument("--model", default="densenet121")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--warmup-rounds", type=int, default=10)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--runs-dir", default="runs/breastmnist")
-    parser.add_argument("--out", type=Path, help="write the per-seed results as JSON here")
-    parser.add_argument(
-        "--settings", nargs="+", default=["federated", "centralized"], help="which to run"
+def summarize(results: list[dict]) -> dict:
+    """Mean and sample sd over seeds (sd 0 for one seed)."""
+    aucs = [r["test_auc"] for r in results]
+    sd = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
+    return {"mean": statistics.mean(aucs), "sd": sd, "aucs": aucs}
+
+
+def machine_line() -> str:
+    return (
+        f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        "1 torch thread per run (OMP_NUM_THREADS=1)"
     )
-    args = parser.parse_args()
-    results = {}
-    for name in args.settings:
-        federated = name == "federated"
-        results[name] = [run(args, seed, federated) for seed in args.seeds]
-        aucs = [r["test_auc"] for r in results[name]]
-        sd = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
+
+
+def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[str]) -> str:
+    """The result table as a Markdown fragment, with the command, machine and seeds."""
+    model = f"{args.model} @ {args.image_size} px"
+    lines = [
+        "### BreastMNIST: federated vs centralized, with training-time augmentation",
+        "",
+        f"Command: `python benchmarks/breastmnist.py {shlex.join(argv)}`  ",
+        f"Machine: {machine_line()}  ",
+        f"Seeds: {', '.join(map(str, args.seeds))} (partition, initialization, sampling, "
+        f"augmentation); {args.warmup_rounds} warm-up rounds (fedavg + CE), then "
+        f"{args.rounds} CODASCA rounds, lr {args.lr}; exported round = best pooled validation "
+        "AUC.",
+        "",
+        "| setting | augment | model | test AUC (mean ± sd) | per seed | exported round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, results in table.items():
+        s = summarize(results)
+        auc = f"{s['mean']:.3f} ± {s['sd']:.3f}"
+        if len(results) == 1:
+            auc = f"{s['mean']:.3f} (1 seed)"
+        per_seed = ", ".join(f"{a:.3f}" for a in s["aucs"])
+        chosen = ", ".join(str(r["selected_round"]) for r in results)
+        setting = "federated, dirichlet:0.5, 4 sites" if row.setting == "federated" else (
+            "centralized (`--sites 1`)"
+        )
+        lines.append(
+            f"| {setting} | {row.augment} | {model} | **{auc}** "
+            f"| {per_seed} | {chosen} |"
+        )
+    for name, ref_model, auc in REFERENCES:
+        lines.append(f"| {name} | — | {ref_model} | {auc} | — | — |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 + 3 warm-up rounds, 2 rows")
+    parser.add_argument("--markdown", type=Path, help="write the result table here (Markdown)")
+    parser.add_argument("--npz", default="../shared/data/breastmnist.npz")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--image-size", type=int, default=28)
+    parser.add_argument("--lr", type=float, default=0.2, help="warm-up and CODASCA step size")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--warmup-rounds", type=int)
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument(
+        "--rows", nargs="+", type=Row.parse, help=f"SETTING:AUGMENT (default {DEFAULT_ROWS})"
+    )
+    parser.add_argument("--simulate-args", default="", help="further `fed-auc simulate` flags")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/breastmnist"))
+    parser.add_argument("--out", type=Path, help="write the per-seed results as JSON here")
+    args = parser.parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    for name, value in mode.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.rows is None:
+        args.rows = [Row.parse(r) for r in (QUICK_ROWS if args.quick else DEFAULT_ROWS)]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    table: dict[Row, list[dict]] = {}
+    for row in args.rows:
+        table[row] = [run(args, row, seed) for seed in args.seeds]
+        s = summarize(table[row])
         print(
-            f"{name}: test AUC {statistics.mean(aucs):.3f} ± {sd:.3f} over seeds {args.seeds}"
-            f" ({', '.join(f'{a:.3f}' for a in aucs)})",
+            f"{row.setting} augment={row.augment}: test AUC {s['mean']:.3f} ± {s['sd']:.3f} "
+            f"over seeds {args.seeds} ({', '.join(f'{a:.3f}' for a in s['aucs'])})",
             flush=True,
         )
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2))
+        args.out.write_text(json.dumps({f"{r.setting}:{r.augment}": v for r, v in table.items()}))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(args, table, argv))
 
 
 if __name__ == "__main__":

@@ -107,6 +107,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
     )
     p.add_argument(
+        "--augment",
+        help="training-time augmentation: none, flip, crop_flip (default: flip for image "
+        "files, none for synthetic)",
+    )
+    p.add_argument(
         "--select", help="exported model: best_val (round with best validation AUC) or last"
     )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
+from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
 from fed_auc.io import load_state, remove_stale_temporaries, save_state
@@ -42,6 +43,7 @@ from fed_auc.trainable import Tensors, Trainable
 LOCAL_STATE_FILE = "local_state.pt"
 PENDING_STATE_FILE = "local_state.pending.pt"
 EVAL_BATCH = 256
+AUGMENT_SEED_OFFSET = 7_919  # the augmentation draws from its own stream, not the sampler's
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Node:
         privacy: Privacy | None = None,
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
+        augment: str = "none",
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
@@ -115,7 +118,11 @@ class Node:
             personalization.setup(self.trainable)
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
         self.batches = BatchStream(
-            site.train, batch_size, seed=seed, min_pos_fraction=min_pos_fraction
+            site.train,
+            batch_size,
+            seed=seed,
+            min_pos_fraction=min_pos_fraction,
+            augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory

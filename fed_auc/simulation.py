@@ -22,6 +22,7 @@ import torch
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.algorithms.base import validate_positive
 from fed_auc.coordinator import Coordinator
+from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import data_card
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
@@ -96,6 +97,10 @@ class SimulationConfig:
     # validation AUC ("best_val") rather than the last one ("last").
     warmup_rounds: int = 0
     select: str = "best_val"
+    # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
+    # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
+    # 28 px crop_flip underfit in 30 rounds, BENCHMARKS.md), none for the synthetic demo.
+    augment: str | None = None
     # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
@@ -136,6 +141,7 @@ class SimulationConfig:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
         _choice("select", self.select, ["best_val", "last"])
+        _choice("augment", self.augmentation(), list(AUGMENTATIONS))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
@@ -197,6 +203,12 @@ class SimulationConfig:
         if self.stage_output is not None:  # refused by backends without stages
             common["stage_output"] = self.stage_output
         return {**common, **self.backend_options}
+
+    def augmentation(self) -> str:
+        """The augmentation in effect: the chosen one, or the default for the data source."""
+        if self.augment is not None:
+            return self.augment
+        return "none" if parse_data_spec(self.data).kind == "synthetic" else "flip"
 
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
@@ -392,6 +404,7 @@ def _nodes(
             personalization=config.personalization(),
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
+            augment=config.augmentation(),
         )
         for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
 
 
@@ -26,6 +27,8 @@ class BatchStream:
     tops up with positives from a separate, cycling permutation of the positives; the rows it
     did not take stay first in line for the next batch. A split smaller than batch_size spans
     several reshuffled epochs in one batch, i.e. rows repeat (sampling with replacement).
+    An ``augment`` transform (training-time augmentation) changes the images of the batches
+    ``next()`` returns; ``full_pass`` and ``next_indices`` are never augmented.
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class BatchStream:
         batch_size: int,
         seed: int = 0,
         min_pos_fraction: float = 0.05,
+        augment: Augment | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
@@ -51,13 +55,17 @@ class BatchStream:
         self._queue = torch.empty(0, dtype=torch.long)  # rest of the current epoch(s)
         self._positive_queue = torch.empty(0, dtype=torch.long)
         self.epoch = 0  # epochs started so far
+        self.augment = augment
 
     def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.next_indices()
-        return self.split.images[rows], self.split.labels[rows]
+        images = self.split.images[rows]
+        if self.augment is not None:
+            images = self.augment(images)
+        return images, self.split.labels[rows]
 
     def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The whole split once, in order, in chunks: for full local gradients (FedSGDA).
@@ -109,13 +117,16 @@ class BatchStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state and stream position: enough to continue the stream exactly."""
-        return {
+        state = {
             "generator": self._generator.get_state(),
             "queue": self._queue.clone(),
             "positive_queue": self._positive_queue.clone(),
             "epoch": self.epoch,
             "num_rows": len(self.split),
         }
+        if self.augment is not None:
+            state["augment"] = self.augment.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` of a stream over the same split."""
@@ -127,3 +138,5 @@ class BatchStream:
         self._queue = state["queue"].clone()
         self._positive_queue = state["positive_queue"].clone()
         self.epoch = int(state["epoch"])
+        if self.augment is not None and "augment" in state:
+            self.augment.load_state_dict(state["augment"])

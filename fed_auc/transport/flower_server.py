@@ -303,6 +303,7 @@ def node_setup(config: SimulationConfig, run_id: str, model_config: dict[str, An
         "loss": config.loss,
         "batch_size": config.batch_size,
         "min_pos_fraction": config.min_pos_fraction,
+        "augment": config.augmentation(),
         "seed": config.seed,
         "image_size": config.image_size,
         "num_labels": config.num_labels,

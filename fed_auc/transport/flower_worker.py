@@ -161,6 +161,7 @@ def build_node(site: SiteConfig, setup: dict[str, Any]) -> Node:
         min_pos_fraction=setup["min_pos_fraction"],
         seed=setup["seed"] * 1000 + site.index,
         privacy=_privacy(setup),
+        augment=setup.get("augment", "none"),
     )
 
 
