@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fragment import command_line, emit
+from machine import describe
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
@@ -294,9 +294,9 @@ def _time_update(racer: Contender, grads: list[torch.Tensor], s: Settings) -> fl
 
 
 def machine_line(s: Settings) -> str:
+    """The shared machine line plus what matters for threading here."""
     return (
-        f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads ({torch.get_num_interop_threads()} interop), "
+        f"{describe()}; {torch.get_num_interop_threads()} interop threads, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, seed {s.seed}"
     )
 
@@ -372,12 +372,9 @@ def main() -> None:
     before = os.getloadavg()[0]
     rows = compare(s)
     updates = update_ms(s)
-    command = shlex.join(["python", "benchmarks/libauc_compare.py", *sys.argv[1:]])
+    command = command_line()
     text = markdown(rows, s, command, (before, os.getloadavg()[0]), updates)
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    emit(text, args.markdown)
 
 
 if __name__ == "__main__":

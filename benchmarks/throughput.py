@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -28,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from fragment import command_line, emit
+from machine import describe
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.synthetic import SiteProfile, make_site
@@ -207,9 +207,9 @@ def _spread(values: list[float], digits: int = 1) -> str:
 
 
 def machine_line(s: Settings) -> str:
+    """The shared machine line plus what matters for threading here."""
     return (
-        f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads ({torch.get_num_interop_threads()} interop), "
+        f"{describe()}; {torch.get_num_interop_threads()} interop threads, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, seed {s.seed}"
     )
 
@@ -285,12 +285,9 @@ def main() -> None:
     load.append(os.getloadavg()[0])
     cli = cli_threads_table(s)
     load.append(os.getloadavg()[0])
-    command = shlex.join(["python", "benchmarks/throughput.py", *sys.argv[1:]])
+    command = command_line()
     text = markdown(sizes, variants, s, command, load, cli)
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    emit(text, args.markdown)
 
 
 if __name__ == "__main__":

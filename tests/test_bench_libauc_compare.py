@@ -13,6 +13,7 @@ import torch
 from fed_auc.losses import AUCMarginLoss
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "libauc_compare.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their neighbours
 
 
 def _load():

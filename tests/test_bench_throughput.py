@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their neighbours
 
 
 def _load():
