@@ -158,13 +158,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 timed rounds")
+    parser.add_argument("--models", help="comma-separated (full: tiny,densenet121)")
     parser.add_argument("--markdown", type=Path, help="write the tables to this file")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(**json.loads(args.child))))
         return
     fixed = {"rounds": 2 if args.quick else 3, "local_steps": 4, "data_scale": 0.05}
-    models = ["tiny"] if args.quick else ["tiny", "densenet121"]
+    models = (args.models or ("tiny" if args.quick else "tiny,densenet121")).split(",")
     started = time.perf_counter()
     tables = run(models, [4, 16, 64, 256], [4, 8, 16, 32], **fixed)
     settings = (
