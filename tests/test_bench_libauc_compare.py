@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import sys
 from pathlib import Path
@@ -13,18 +12,11 @@ import torch
 from fed_auc.losses import AUCMarginLoss
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "libauc_compare.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their neighbours
+sys.path.insert(0, str(SCRIPT.parent))
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("libauc_compare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+import libauc_compare as bench  # noqa: E402
 
-
-bench = _load()
 TOY = bench.Settings(
     model="tiny", image_size=28, batch_size=16, chunks=3, chunk_steps=2,
     n_train=60, n_test=40, threads=1,

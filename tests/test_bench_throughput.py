@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their neighbours
+sys.path.insert(0, str(SCRIPT.parent))
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+import throughput as bench  # noqa: E402
 
 
 def test_node_and_plain_rates_give_the_ratio() -> None:
