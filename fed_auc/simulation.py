@@ -401,7 +401,7 @@ def _nodes(
             seed=config.seed * 1000 + i,
             privacy=privacy,
             memory_budget=budget,
-            personalization=config.personalization(),
+            personalization=personalization,
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
             augment=config.augmentation(),
