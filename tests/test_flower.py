@@ -314,3 +314,29 @@ def test_the_supernode_entry_caps_flowers_idle_sleeps():
     start = time.perf_counter()
     start_client_internal.time.sleep(3)
     assert time.perf_counter() - start < flower_supernode.POLL_S + 0.5
+
+
+def test_flower_object_pulls_retry_within_a_quarter_second():
+    """Flower retries a pull of a not-yet-pushed object after 1, 2, 4 … s; ours after tenths."""
+    import time
+
+    from flwr.supercore import constant
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError, pull_objects
+
+    from fed_auc.transport import flower_backoff
+
+    assert constant.PULL_INITIAL_BACKOFF >= 1  # what the shortening is for
+    flower_backoff.shorten()
+    tries = []
+
+    def arrives_on_the_fourth_try(object_id: str) -> bytes:
+        tries.append(time.perf_counter())
+        if len(tries) < 4:
+            raise ObjectUnavailableError(object_id)
+        return b"chunk"
+
+    start = time.perf_counter()
+    assert pull_objects(["x"], arrives_on_the_fourth_try) == {"x": b"chunk"}
+    assert time.perf_counter() - start < 3 * flower_backoff.CAP_S + 0.5  # Flower's own: ~7 s
+    tries_allowed = flower_backoff.PULLERS[0].__kwdefaults__["max_tries_per_object"]
+    assert tries_allowed * flower_backoff.CAP_S >= constant.PULL_MAX_TIME  # as patient as before

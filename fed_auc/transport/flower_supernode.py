@@ -4,8 +4,9 @@ Flower 1.41's SuperNode sleeps 3 s whenever the SuperLink has no message for it,
 between checks for its ClientApp's reply (both hard-coded in
 ``flwr.supernode.start_client_internal``). A round sends each node a training and an
 evaluation message, each usually arriving while the node sleeps: up to 6 s per round of
-waiting for nothing. This entry point caps those sleeps at ``POLL_S`` and is otherwise
-Flower's own ``flower-supernode``, with the same arguments.
+waiting for nothing. This entry point caps those sleeps at ``POLL_S``, shortens the waits
+between object pulls (``flower_backoff``) and is otherwise Flower's own ``flower-supernode``,
+with the same arguments.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 from flwr.supernode import start_client_internal
 from flwr.supernode.cli.flower_supernode import flower_supernode
+
+from fed_auc.transport import flower_backoff
 
 POLL_S = 0.1  # a pull every 0.1 s when idle: a small HTTP request, cheap for the SuperLink
 
@@ -31,6 +34,7 @@ class _ShortSleeps:
 
 
 start_client_internal.time = _ShortSleeps()  # type: ignore[assignment]
+flower_backoff.shorten()  # and its pulls from the SuperLink retry within tenths of a second
 
 if __name__ == "__main__":
     flower_supernode()

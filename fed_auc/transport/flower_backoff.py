@@ -1,0 +1,33 @@
+"""Short waits between Flower's object pulls, for every fed-auc process that pulls.
+
+A Flower message travels as a small head plus objects (its arrays, in 5 MiB chunks), and
+the receiver is told of the message before the sender has finished pushing its objects:
+the SuperNode pulls from the SuperLink while the ServerApp is still pushing, the node's
+ClientApp task pulls from the SuperNode while the SuperNode is still pulling, and the
+ServerApp pulls a reply while the node is still pushing it. Flower 1.41 answers "not yet"
+with a wait of 1 s, then 2, 4, … up to 10 s (``flwr.supercore.constant.PULL_*``). On a
+DenseNet121 round that was about 5 of the 9.9 s of transport overhead: the objects were
+there a few tenths of a second later. Here the first wait is ``INITIAL_S`` and they grow to
+``CAP_S``, with as many tries as keep Flower's own patience (``PULL_MAX_TIME``) for a slow
+link. The ServerApp, the SuperNode and the node's task executor each call ``shorten()``.
+"""
+
+from __future__ import annotations
+
+from flwr.supercore import constant
+from flwr.supercore.inflatable import inflatable_utils
+
+INITIAL_S = 0.02  # a "not yet" on loopback or a LAN is usually over within milliseconds
+CAP_S = 0.25  # worst case a quarter second late; one small HTTP request per try
+
+# Flower's two pull functions; their keyword defaults carry the backoff.
+PULLERS = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+
+
+def shorten() -> None:
+    """Set the pull backoff of this process's Flower to ``INITIAL_S`` … ``CAP_S``."""
+    tries = int(constant.PULL_MAX_TIME / CAP_S) + 1  # Flower's time budget, in shorter waits
+    for puller in PULLERS:
+        puller.__kwdefaults__.update(
+            initial_backoff=INITIAL_S, backoff_cap=CAP_S, max_tries_per_object=tries
+        )
