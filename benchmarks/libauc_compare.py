@@ -183,6 +183,7 @@ class FedAUC(Contender):
             broadcast, self.local_state, self.trainable, self.batches
         )
         reply.site, reply.num_examples = "site", len(self.batches.split)
+        reply = self.backend.complete_reply(reply, broadcast)
         self.state = self.backend.aggregate(self.state, [reply])  # one site: global = local
         self.round += 1
 

@@ -103,7 +103,7 @@ def node_vs_plain(
             start = time.perf_counter()
             reply = node.train(broadcast)
             node_s = time.perf_counter() - start
-            state = backend.aggregate(state, [reply])
+            state = backend.aggregate(state, [backend.complete_reply(reply, broadcast)])
             start = time.perf_counter()
             plain.steps(steps)
             plain_s = time.perf_counter() - start

@@ -249,6 +249,7 @@ class Coordinator:
                 row.status = "rejected"
                 record.events.append((site, "error", f"{phase}: rejected: {exc}"))
                 continue
+            answer = self.backend.complete_reply(answer, requests[site])
             row.bytes_up = (row.bytes_up or 0) + up
             record.bytes_up += up
             if row.status in ("idle", "completed"):

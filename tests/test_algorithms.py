@@ -36,7 +36,8 @@ def _trainable(loss: str = "auc_margin", seed: int = 0) -> Trainable:
 
 
 def _run(backend, sites: list[Trainable], streams, rounds: int, participation=None):
-    """Drive plan → client_update → aggregate by hand; returns the final state and locals."""
+    """Drive plan → client_update → complete_reply → aggregate by hand, as the coordinator
+    does; returns the final state and locals."""
     state = backend.init_server(sites[0], {f"site{k}": 10 * (k + 1) for k in range(len(sites))})
     local = [{} for _ in sites]
     for r in range(rounds):
@@ -46,7 +47,7 @@ def _run(backend, sites: list[Trainable], streams, rounds: int, participation=No
         for k in chosen:
             reply, local[k] = backend.client_update(broadcast, local[k], sites[k], streams[k])
             reply.num_examples, reply.site = 10 * (k + 1), f"site{k}"
-            replies.append(reply)
+            replies.append(backend.complete_reply(reply, broadcast))
         state = backend.aggregate(state, replies)
     return state, local
 
@@ -127,8 +128,12 @@ def test_codasca_control_variate_is_the_mean_of_the_rounds_gradients_eq7():
     site.gradients = recording
     broadcast = backend.plan(state, 1)
     ref = [broadcast.tensors["ref/" + n] for n in site.primal]
-    _, new_local = backend.client_update(broadcast, local[0], site, streams[0])
+    reply, new_local = backend.client_update(broadcast, local[0], site, streams[0])
     assert len(recorded) == steps
+    assert not any(n.startswith("dc/") for n in reply.tensors)  # Δc^k does not travel:
+    derived = backend.complete_reply(reply, broadcast).tensors  # the server derives it
+    for name, own in local[0]["control"].items():
+        torch.testing.assert_close(derived["dc/" + name], new_local["control"][name] - own)
     names = list(site.primal) + list(site.dual)
     for i, name in enumerate(names):
         if i < len(site.primal):  # ∇_v F_k^s includes the proximal term (and weight decay)
@@ -242,7 +247,7 @@ def test_codasca_random_round_output_restarts_the_next_stage_from_one_rounds_ite
         for k, site in enumerate(sites):
             reply, local[k] = backend.client_update(broadcast, local[k], site, streams[k])
             reply.num_examples = 1
-            replies.append(reply)
+            replies.append(backend.complete_reply(reply, broadcast))
         state = backend.aggregate(state, replies)
         iterates.append(state["model"]["w/x"].clone())
     assert state["stage"] == 1

@@ -188,6 +188,11 @@ class Backend(ABC):
         """What a valid reply of ``phase`` carries (checked before ``aggregate``)."""
         return ReplyLayout()
 
+    def complete_reply(self, reply: Reply, broadcast: Broadcast) -> Reply:
+        """The reply with what the server can derive from it and the ``broadcast`` it answers
+        (such tensors need not travel); called on every valid reply before ``aggregate``."""
+        return reply
+
     def phase_participation(self, phase: str) -> float | None:
         """Fraction of sites to sample for ``phase``; None = the run's participation."""
         return None

@@ -14,6 +14,9 @@ Algorithm 4, DSGSCA+(v_0, α_0, η_l, η_g, I, R, γ), one stage; F_k^s = F_k + 
     return v_r̃, α_r̃ with r̃ uniform in {1..R}
 
 Eq. (6) makes c^k the mean of the round's stochastic gradients of F_k^s (eq. 7).
+A site sends only v^k_{r,I}, α^k_{r,I}: its change Δc^k = (v_{r−1} − v^k_{r,I})/(I η_l) − c_v
+(and likewise for α) follows from the reply and the broadcast, so the server derives it
+(``complete_reply``) and CODASCA uploads as much as CODA+, not the paper's twice as much.
 Partial participation: each sampled site sends Δc^k = c^k(new) − c^k(old) and the server
 keeps c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
 ``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server).
@@ -24,6 +27,7 @@ fell from 0.83 to 0.60 at the first stage boundary with "random_round").
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 
@@ -47,11 +51,12 @@ from fed_auc.algorithms.base import (
 )
 from fed_auc.algorithms.sgda import StepRule, run_local_steps
 from fed_auc.models import group_of
-from fed_auc.trainable import WEIGHT, Trainable
+from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable
 
 REF = "ref/"  # the stage's proximal reference v_0
 CONTROL = "c/"  # the global control variates (c_v, c_α)
 CONTROL_DELTA = "dc/"  # a site's Δc^k for the SAGA-style server update
+ALPHA = AUC + "alpha"  # the dual variable α (Trainable.dual)
 
 
 class CODASCA(Backend):
@@ -75,7 +80,22 @@ class CODASCA(Backend):
         self.seed = seed
 
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
-        return ReplyLayout(prefixes=("", CONTROL_DELTA))
+        return ReplyLayout(prefixes=("",))  # Δc^k is derived on the server: complete_reply
+
+    def complete_reply(self, reply: Reply, broadcast: Broadcast) -> Reply:
+        """Add Δc^k (eq. 6) for every variable the site trained and sent."""
+        control = unprefixed(CONTROL, broadcast.tensors)
+        end = {n: t for n, t in reply.tensors.items() if n in control}
+        delta = control_delta(
+            start=model_part(broadcast.tensors),
+            end=end,
+            control=control,
+            steps=reply.steps,
+            lr=broadcast.config["lr"],
+        )
+        return dataclasses.replace(
+            reply, tensors={**reply.tensors, **prefixed(CONTROL_DELTA, delta)}
+        )
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
@@ -116,8 +136,8 @@ class CODASCA(Backend):
         if self.eta_g != 1:  # v_r = v_{r−1} + η_g (mean_k v^k_{r,I} − v_{r−1})
             for name in [n for n in state["control"] if n in averaged]:
                 model[name] = previous[name] + self.eta_g * (averaged[name] - previous[name])
-        if state["dual_min"] is not None and "auc/alpha" in model:
-            model["auc/alpha"] = model["auc/alpha"].clamp(min=state["dual_min"])
+        if state["dual_min"] is not None and ALPHA in model:
+            model[ALPHA] = model[ALPHA].clamp(min=state["dual_min"])
         site_groups = {
             **state.get("site_groups", {}),
             **{r.site: r.trained_groups for r in replies},
@@ -193,16 +213,23 @@ class CODASCA(Backend):
             correction=(correction[:n_primal], correction[n_primal:]),
         )
 
-        # eq. (6): the primal moved down its gradient, the dual up its own
-        new_own = {}
-        for i, name in enumerate(names):
-            end = (trainable.primal | trainable.dual)[name].detach()
-            moved = start[name] - end if i < n_primal else end - start[name]
-            new_own[name] = own[name] - control[name] + moved / (done * lr)
-        tensors = trainable.tensors()
-        tensors.update(prefixed(CONTROL_DELTA, {n: new_own[n] - own[n] for n in names}))
-        reply = Reply(tensors, steps=done, metrics={"train_loss": loss})
+        # eq. (6): c^k ← c^k + Δc^k; the server derives the same Δc^k from the reply
+        end = {n: t.detach() for n, t in (trainable.primal | trainable.dual).items()}
+        delta = control_delta(start, end, control, done, lr)
+        new_own = {n: own[n] + delta[n] for n in names}
+        reply = Reply(trainable.tensors(), steps=done, metrics={"train_loss": loss})
         return reply, {"stage": stage, "control": new_own}
+
+
+def control_delta(start: Tensors, end: Tensors, control: Tensors, steps: int, lr: float) -> Tensors:
+    """Δc^k = c^k(new) − c^k(old) of eq. (6), for the variables in ``end``:
+    (v_{r−1} − v^k_{r,I}) / (I η_l) − c_v for the primal (it moved down its gradient),
+    (α^k_{r,I} − α_{r−1}) / (I η_l) − c_α for the dual (it moved up)."""
+    delta = {}
+    for name, value in end.items():
+        moved = value - start[name] if name == ALPHA else start[name] - value
+        delta[name] = moved / (steps * lr) - control[name]
+    return delta
 
 
 def _not_training(name: str, site_groups: Mapping[str, list[str] | None]) -> int:

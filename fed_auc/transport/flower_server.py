@@ -49,7 +49,7 @@ from fed_auc.transport.flower_codec import (
 
 # How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
 # sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
-PULL_INTERVAL_S = 0.2
+PULL_INTERVAL_S = 0.05
 
 
 @dataclass
