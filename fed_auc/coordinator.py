@@ -33,7 +33,7 @@ from fed_auc.node import Evaluation
 from fed_auc.partial import model_groups
 from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore, SiteRound
-from fed_auc.trainable import Trainable
+from fed_auc.trainable import Tensors, Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
 from fed_auc.validation import InvalidReply, payload_size, validate_answer
 
@@ -115,7 +115,8 @@ class Coordinator:
         self.committed_round: int | None = None  # last round in the store
         # called with each round's record after its checkpoint, before the round is recorded
         self.before_commit: Callable[[RoundRecord], None] | None = None
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        # checkpoints and update signals, computed while the sites evaluate
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
         self._checkpoint: Future[None] | None = None
 
     # -- the loop -----------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Coordinator:
         round_ = self.state["round"]
         record = RoundRecord(round=round_ + 1)
         rows = {s: SiteRound(site=s, status="idle") for s in self.sites}
-        signals: dict[str, dict[str, float]] = {}
+        signal_jobs = []  # per phase: the sites' update signals, computed in the background
         kept: dict[str, list[int]] = {}  # this round's accepted replies, [round, phase]
         for index, phase in enumerate(self.backend.phases):
             fraction = self.backend.phase_participation(phase) or self.participation
@@ -182,19 +183,17 @@ class Coordinator:
                 raise FederationError(
                     f"round {round_ + 1}, phase {phase!r}: no valid reply from {selected}"
                 )
-            updates = {r.site: site_update(broadcast.tensors, r.tensors) for r in valid}
-            updates = {site: u for site, u in updates.items() if u is not None}
-            if updates:
-                signals = update_signals(updates)
+            signal_jobs.append(self._writer.submit(phase_signals, broadcast.tensors, valid))
             self.state = self.backend.aggregate(self.state, self.aggregation.apply(valid), phase)
-        for site, values in signals.items():
-            for key, value in values.items():
-                setattr(rows[site], key, value)
         self._start_checkpoint(record.round, kept)
         if evaluate:
             self._evaluate(record, rows)
         else:
             record.metrics = {"eval_s": 0.0}
+        phases = [job.result() for job in signal_jobs]
+        for site, values in next((s for s in reversed(phases) if s), {}).items():
+            for key, value in values.items():
+                setattr(rows[site], key, value)
         record.duration_s = time.perf_counter() - start
         self._finish_round(record, rows, kept)
         return record
@@ -344,6 +343,13 @@ class Coordinator:
     def close(self) -> None:
         self.wait_for_checkpoint()
         self._writer.shutdown()
+
+
+def phase_signals(sent: Tensors, replies: Sequence[Reply]) -> dict[str, dict[str, float]]:
+    """Update norm, drift and cosine of every site whose reply updates the network (none
+    for a phase that collects gradients only)."""
+    updates = {r.site: site_update(sent, r.tensors) for r in replies}
+    return update_signals({site: u for site, u in updates.items() if u is not None})
 
 
 def write_checkpoint(snapshot: Mapping[str, Any], run_dir: Path) -> None:
