@@ -17,8 +17,8 @@ Eq. (6) makes c^k the mean of the round's stochastic gradients of F_k^s (eq. 7).
 A site sends only v^k_{r,I}, α^k_{r,I}: its change Δc^k = (v_{r−1} − v^k_{r,I})/(I η_l) − c_v
 (and likewise for α) follows from the reply and the broadcast, so the server derives it
 (``complete_reply``) and CODASCA uploads as much as CODA+, not the paper's twice as much.
-Partial participation: each sampled site sends Δc^k = c^k(new) − c^k(old) and the server
-keeps c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
+Partial participation: with each sampled site's Δc^k = c^k(new) − c^k(old) the server keeps
+c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
 ``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server).
 The default ``"last"`` continues from the last iterate, as the reference code does: restarting
 a stage from a random earlier round throws progress away (on the demo federation, pooled AUC
