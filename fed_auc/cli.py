@@ -112,6 +112,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "files, none for synthetic)",
     )
     p.add_argument(
+        "--tta",
+        help="test-time augmentation when scoring: none or flip (mean of image and mirror; "
+        "default: flip when training flips, else none)",
+    )
+    p.add_argument(
         "--select", help="exported model: best_val (round with best validation AUC) or last"
     )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
@@ -172,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--image-size", type=int, help="default: the model card's")
     ev.add_argument("--by-site", action="store_true", help="per site as well as pooled")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
+    ev.add_argument("--tta", help="test-time augmentation: none or flip (default: the card's)")
     ev.add_argument("--out", required=True, type=Path, help="folder for JSON, CSV, ROC PNG")
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
@@ -424,7 +430,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
                 **_data_options(args),
             )
         splits = site_splits(sites, args.split, args.by_site)
-        results = evaluate_model(model, card, splits, n_boot=args.bootstrap, seed=args.seed)
+        results = evaluate_model(
+            model, card, splits, n_boot=args.bootstrap, seed=args.seed, tta=args.tta
+        )
     except ValueError as exc:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
     results.update(model=str(args.model), data=data, split=args.split)

@@ -60,7 +60,8 @@ def render_card(card: dict[str, Any]) -> str:
         f"- Exported model: round {card.get('selected_round', card['rounds'])} "
         f"(selection: {card.get('selection', 'last')}; validation AUC "
         f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
-        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}",
+        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}; test-time augmentation "
+        f"`{card.get('tta', 'none')}`",
         f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
         f"{_fmt(card['initial_auc'])}); "
         f"worst site: {_fmt(card['worst_site_auc'])}",

@@ -43,6 +43,7 @@ from fed_auc.robust import Aggregation
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
+from fed_auc.tta import TTA_MODES
 
 PARTITION_FILE = "partition.json"
 STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
@@ -101,6 +102,9 @@ class SimulationConfig:
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
     # 28 px crop_flip underfit in 30 rounds, BENCHMARKS.md), none for the synthetic demo.
     augment: str | None = None
+    # Test-time augmentation of every scored split (fed_auc.tta): none or flip. None: flip
+    # when training flips the images (a model trained on mirrors scores both alike), else none.
+    tta: str | None = None
     # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
@@ -142,6 +146,7 @@ class SimulationConfig:
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
         _choice("select", self.select, ["best_val", "last"])
         _choice("augment", self.augmentation(), list(AUGMENTATIONS))
+        _choice("tta", self.test_time_augmentation(), list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
@@ -209,6 +214,12 @@ class SimulationConfig:
         if self.augment is not None:
             return self.augment
         return "none" if parse_data_spec(self.data).kind == "synthetic" else "flip"
+
+    def test_time_augmentation(self) -> str:
+        """The TTA in effect: the chosen one, or flip when the training batches are flipped."""
+        if self.tta is not None:
+            return self.tta
+        return "flip" if self.augmentation() in ("flip", "crop_flip") else "none"
 
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
@@ -405,6 +416,7 @@ def _nodes(
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
             augment=config.augmentation(),
+            tta=config.test_time_augmentation(),
         )
         for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
@@ -706,6 +718,7 @@ def model_card(
         "selected_round": int(selected["round"]),
         "model_config": model_config,
         "image_size": config.image_size,
+        "tta": config.test_time_augmentation(),
         "label_names": cards[0]["label_names"],
         "hyperparameters": hyperparameters,
         "global_auc": _number(selected["global_auc"]),
