@@ -74,15 +74,23 @@ def simulate_command(args: argparse.Namespace, row: Row, seed: int) -> list[str]
 
 
 def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
-    """One simulated run: the exported (best-validation) round and its pooled test AUC."""
+    """One simulated run: the exported model (a round, or a mean of rounds), its pooled test
+    AUC, and the selection and test-time augmentation its card records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = simulate_command(args, row, seed)
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} failed:\n{out.stderr[-2000:]}")
     summary = json.loads(out.stdout)
-    selected = summary["selected_round"]
-    return {"seed": seed, "selected_round": selected, "test_auc": summary["global_auc"][selected]}
+    card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
+    return {
+        "seed": seed,
+        "selected_round": summary["selected_round"],
+        "averaged_rounds": summary.get("averaged_rounds"),
+        "test_auc": summary["exported_auc"],
+        "selection": card["selection"],
+        "tta": card["tta"],
+    }
 
 
 def summarize(results: list[dict]) -> dict:
@@ -109,11 +117,13 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         f"Machine: {machine_line()}  ",
         f"Seeds: {', '.join(map(str, args.seeds))} (partition, initialization, sampling, "
         f"augmentation); {args.warmup_rounds} warm-up rounds (fedavg + CE), then "
-        f"{args.rounds} CODASCA rounds, lr {args.lr}; exported round = best pooled validation "
-        "AUC.",
+        f"{args.rounds} CODASCA rounds, lr {args.lr}; exported model per `--select` (a round, "
+        "or the mean of the weights of the listed rounds), scored with the test-time "
+        "augmentation (TTA) its card records.",
         "",
-        "| setting | augment | model | test AUC (mean ± sd) | per seed | exported round |",
-        "|---|---|---|---|---|---|",
+        "| setting | augment | select, TTA | model | test AUC (mean ± sd) | per seed "
+        "| exported rounds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row, results in table.items():
         s = summarize(results)
@@ -121,16 +131,21 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         if len(results) == 1:
             auc = f"{s['mean']:.3f} (1 seed)"
         per_seed = ", ".join(f"{a:.3f}" for a in s["aucs"])
-        chosen = ", ".join(str(r["selected_round"]) for r in results)
+        chosen = "; ".join(
+            str(r["selected_round"]) if not r["averaged_rounds"] else
+            "+".join(map(str, r["averaged_rounds"]))
+            for r in results
+        )  # fmt: skip
+        how = ", ".join(sorted({f"{r['selection']}, {r['tta']}" for r in results}))
         setting = "federated, dirichlet:0.5, 4 sites" if row.setting == "federated" else (
             "centralized (`--sites 1`)"
         )
         lines.append(
-            f"| {setting} | {row.augment} | {model} | **{auc}** "
+            f"| {setting} | {row.augment} | {how} | {model} | **{auc}** "
             f"| {per_seed} | {chosen} |"
         )
     for name, ref_model, auc in REFERENCES:
-        lines.append(f"| {name} | — | {ref_model} | {auc} | — | — |")
+        lines.append(f"| {name} | — | — | {ref_model} | {auc} | — | — |")
     return "\n".join(lines) + "\n"
 
 

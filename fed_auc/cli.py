@@ -117,7 +117,10 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "default: flip when training flips, else none)",
     )
     p.add_argument(
-        "--select", help="exported model: best_val (round with best validation AUC) or last"
+        "--select",
+        help="exported model: best_val (round with best validation AUC), last, or the mean of "
+        "the K best (best_val:K) or last (last:K) rounds (default: best_val:5 for image "
+        "files, best_val for synthetic)",
     )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")

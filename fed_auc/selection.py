@@ -33,7 +33,8 @@ def parse_select(text: str) -> tuple[str, int]:
     mode, colon, count = text.partition(":")
     if mode not in SELECT_MODES or (colon and not (count.isdigit() and int(count) >= 1)):
         raise ValueError(
-            f"select must be best_val, last, best_val:K or last:K (K >= 1 rounds averaged), "
+            f"select must be one of best_val, last, best_val:K or last:K (K >= 1 rounds "
+            f"averaged), "
             f"got {text!r}"
         )
     return mode, int(count or 1)

@@ -47,6 +47,7 @@ from fed_auc.transport.local import LocalTransport
 from fed_auc.tta import TTA_MODES
 
 PARTITION_FILE = "partition.json"
+DEFAULT_FILE_SELECT = "best_val:5"
 STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
 
 
@@ -95,9 +96,12 @@ class SimulationConfig:
     skip_bad_images: bool = False
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
-    # validation AUC ("best_val") rather than the last one ("last").
+    # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
+    # best ("best_val:K") or last ("last:K") rounds (fed_auc.selection). None: best_val:5 for
+    # image files (a 78-image validation split picks single rounds noisily, BENCHMARKS.md),
+    # best_val for the synthetic demo.
     warmup_rounds: int = 0
-    select: str = "best_val"
+    select: str | None = None
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
     # 28 px crop_flip underfit in 30 rounds, BENCHMARKS.md), none for the synthetic demo.
@@ -125,6 +129,9 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         if self.loss is None:
             self.loss = "ce" if self.algorithm == "fedavg" else "auc_margin"
+        if self.select is None and isinstance(self.data, str):
+            synthetic = parse_data_spec(self.data).kind == "synthetic"
+            self.select = "best_val" if synthetic else DEFAULT_FILE_SELECT
         self.validate()
 
     def validate(self) -> None:
@@ -144,7 +151,7 @@ class SimulationConfig:
         if self.partition is not None:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
-        parse_select(self.select)
+        parse_select(self.select or "")
         _choice("augment", self.augmentation(), list(AUGMENTATIONS))
         _choice("tta", self.test_time_augmentation(), list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)

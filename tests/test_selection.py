@@ -32,6 +32,12 @@ def test_parse_select_and_bad_values_named() -> None:
         SimulationConfig(select="best_val:-1")
 
 
+def test_default_averages_for_image_files_only() -> None:
+    assert SimulationConfig().select == "best_val"
+    assert SimulationConfig(data="medmnist:x.npz").select == "best_val:5"
+    assert SimulationConfig(data="medmnist:x.npz", select="last").select == "last"
+
+
 def test_average_means_floats_and_keeps_the_last_integers() -> None:
     out = average([{"a": torch.tensor([1.0, 3.0]), "n": torch.tensor(1)},
                    {"a": torch.tensor([2.0, 5.0]), "n": torch.tensor(2)}])  # fmt: skip
