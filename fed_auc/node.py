@@ -39,7 +39,7 @@ from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
-from fed_auc.tta import check_tta, predict
+from fed_auc.tta import check_tta, default_tta, predict
 
 LOCAL_STATE_FILE = "local_state.pt"
 PENDING_STATE_FILE = "local_state.pending.pt"
@@ -86,16 +86,17 @@ class Node:
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
         augment: str = "none",
-        tta: str = "none",
+        tta: str | None = None,
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
         next); None builds this node's own. ``state_in_memory`` False keeps the local state on
         disk only between rounds, so a simulation of hundreds of sites holds one at a time.
-        ``tta``: test-time augmentation of every split it scores (fed_auc.tta).
+        ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
+        default for its ``augment``, as in ``fed-auc simulate``.
         """
         self.site = site
-        self.tta = check_tta(tta)
+        self.tta = check_tta(default_tta(augment) if tta is None else tta)
         self.backend = backend
         self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE

@@ -44,7 +44,7 @@ from fed_auc.selection import BestModel, parse_select, track_best_model
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
-from fed_auc.tta import TTA_MODES
+from fed_auc.tta import TTA_MODES, default_tta
 
 PARTITION_FILE = "partition.json"
 DEFAULT_FILE_SELECT = "best_val:5"
@@ -224,9 +224,7 @@ class SimulationConfig:
 
     def test_time_augmentation(self) -> str:
         """The TTA in effect: the chosen one, or flip when the training batches are flipped."""
-        if self.tta is not None:
-            return self.tta
-        return "flip" if self.augmentation() in ("flip", "crop_flip") else "none"
+        return default_tta(self.augmentation()) if self.tta is None else self.tta
 
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""

@@ -26,6 +26,12 @@ def check_tta(mode: str) -> str:
     return mode
 
 
+def default_tta(augment: str) -> str:
+    """flip when the training batches are flipped (a model trained on mirrors scores both
+    alike), else none: the default of ``fed-auc simulate`` and of a node given no mode."""
+    return "flip" if augment in ("flip", "crop_flip") else "none"
+
+
 def views(images: torch.Tensor, mode: str) -> list[torch.Tensor]:
     """The versions of a (B, C, H, W) batch that are scored and averaged."""
     check_tta(mode)

@@ -74,6 +74,9 @@ def test_node_scores_validation_and_test_with_its_tta(tmp_path) -> None:
     assert answer.splits["val"].aucs[0].auc == pytest.approx(roc_auc_score(labels, expected))
     with pytest.raises(ValueError, match="tta must be one of"):
         Node(site, backend, config, "ce", tmp_path / "x", tta="mirror")
+    # a node told only its augmentation (a Flower node) scores as `fed-auc simulate` does
+    assert Node(site, backend, config, "ce", tmp_path / "f", augment="flip").tta == "flip"
+    assert Node(site, backend, config, "ce", tmp_path / "n").tta == "none"
 
 
 @pytest.fixture(scope="module")
