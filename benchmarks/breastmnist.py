@@ -4,7 +4,7 @@ Runs `fed-auc simulate` once per seed and row (setting × augmentation), then re
 pooled test AUC of the exported model (`fed-auc simulate`'s default for image files: the
 mean of the 5 best-validation rounds, scored with flip TTA) as mean ± sd over seeds, next
 to the two quoted references. The defaults are the recipe of BENCHMARKS.md: tiny @ 28 px,
-lr 0.2, batch 64, 10 warm-up + 60 CODASCA rounds. Every run uses one torch thread
+lr 0.2, batch 32, 10 warm-up + 60 CODASCA rounds. Every run uses one torch thread
 (OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the same round 20× slower
 by spinning.
 
@@ -159,7 +159,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--image-size", type=int, default=28)
     parser.add_argument("--lr", type=float, default=0.2, help="warm-up and CODASCA step size")
-    parser.add_argument("--batch-size", type=int, default=64, help="per site and local step")
+    parser.add_argument("--batch-size", type=int, default=32, help="per site and local step")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--warmup-rounds", type=int)
     parser.add_argument("--seeds", type=int, nargs="+")
