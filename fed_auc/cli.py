@@ -36,7 +36,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, help="local batch size (default 32)")
     p.add_argument("--lr", type=float, help="local learning rate η (default 0.1)")
-    p.add_argument("--model", help="tiny (default), densenet121, densenet169, densenet201")
+    p.add_argument("--model", help="tiny (default), small, densenet121, densenet169, densenet201")
     p.add_argument("--image-size", type=int, help="image side in pixels (default 28)")
     p.add_argument("--participation", type=float, help="fraction of sites per round (0, 1]")
     p.add_argument(
