@@ -36,7 +36,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, help="local batch size (default 32)")
     p.add_argument("--lr", type=float, help="local learning rate η (default 0.1)")
-    p.add_argument("--model", help="tiny (default), densenet121, densenet169, densenet201")
+    p.add_argument("--model", help="tiny (default), small, densenet121, densenet169, densenet201")
     p.add_argument("--image-size", type=int, help="image side in pixels (default 28)")
     p.add_argument("--participation", type=float, help="fraction of sites per round (0, 1]")
     p.add_argument(
@@ -112,7 +112,15 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "files, none for synthetic)",
     )
     p.add_argument(
-        "--select", help="exported model: best_val (round with best validation AUC) or last"
+        "--tta",
+        help="test-time augmentation when scoring: none or flip (mean of image and mirror; "
+        "default: flip when training flips, else none)",
+    )
+    p.add_argument(
+        "--select",
+        help="exported model: best_val (round with best validation AUC), last, or the mean of "
+        "the K best (best_val:K) or last (last:K) rounds (default: best_val:5 for image "
+        "files, best_val for synthetic)",
     )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")
@@ -172,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--image-size", type=int, help="default: the model card's")
     ev.add_argument("--by-site", action="store_true", help="per site as well as pooled")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
+    ev.add_argument("--tta", help="test-time augmentation: none or flip (default: the card's)")
     ev.add_argument("--out", required=True, type=Path, help="folder for JSON, CSV, ROC PNG")
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
@@ -424,7 +433,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
                 **_data_options(args),
             )
         splits = site_splits(sites, args.split, args.by_site)
-        results = evaluate_model(model, card, splits, n_boot=args.bootstrap, seed=args.seed)
+        results = evaluate_model(
+            model, card, splits, n_boot=args.bootstrap, seed=args.seed, tta=args.tta
+        )
     except ValueError as exc:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
     results.update(model=str(args.model), data=data, split=args.split)

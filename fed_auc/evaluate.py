@@ -23,6 +23,7 @@ from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
+from fed_auc.tta import check_tta, predict
 
 POOLED = "pooled"
 
@@ -62,13 +63,6 @@ def load_registered_model(path: str | Path) -> tuple[DenseNetClassifier, dict[st
     card = json.loads(card_file.read_text()) if card_file.is_file() else {}
     card.setdefault("label_names", blob["label_names"])
     return model.eval(), card
-
-
-@torch.no_grad()
-def score(model: DenseNetClassifier, images: torch.Tensor, batch: int = 256) -> np.ndarray:
-    """sigmoid(logit) per image and label."""
-    chunks = [torch.sigmoid(model(images[i : i + batch])) for i in range(0, len(images), batch)]
-    return torch.cat(chunks).numpy() if chunks else np.zeros((0, model.num_labels), np.float32)
 
 
 def bootstrap_ci(
@@ -125,9 +119,12 @@ def evaluate_model(
     sites: dict[str, Split],
     n_boot: int = 1000,
     seed: int = 0,
+    tta: str | None = None,
 ) -> dict[str, Any]:
-    """Per-site and pooled results for every label; `sites` maps a name to its split."""
+    """Per-site and pooled results for every label; `sites` maps a name to its split.
+    ``tta`` None scores as the model was selected: the card's mode (``none`` if absent)."""
     names = card["label_names"]
+    tta = check_tta(card.get("tta", "none") if tta is None else tta)
     num = len(names)
     if model.num_labels != num:
         raise ValueError(f"model has {model.num_labels} outputs, its card {num} labels")
@@ -138,13 +135,14 @@ def evaluate_model(
             )
     thresholds = list(card.get("threshold") or [0.5] * num)
     scored = {
-        site: (split.labels.numpy(), score(model, split.images)) for site, split in sites.items()
+        site: (split.labels.numpy(), predict(model, split.images, tta))
+        for site, split in sites.items()
     }
     if len(scored) > 1:
         scored[POOLED] = tuple(
             np.concatenate(parts) for parts in zip(*scored.values(), strict=True)
         )
-    results: dict[str, Any] = {"label_names": names, "bootstrap": n_boot, "sites": {}}
+    results: dict[str, Any] = {"label_names": names, "bootstrap": n_boot, "tta": tta, "sites": {}}
     for site, (labels, scores) in scored.items():
         results["sites"][site] = {
             label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)

@@ -57,10 +57,11 @@ def render_card(card: dict[str, Any]) -> str:
         f"architecture `{card['model_config']['arch']}`, labels {card['label_names']}",
         f"- Rounds: {card['rounds']} (after {card.get('warmup_rounds', 0)} fedavg + "
         f"cross-entropy warm-up rounds), sites: {len(card['sites'])}, seed {card['seed']}",
-        f"- Exported model: round {card.get('selected_round', card['rounds'])} "
+        f"- Exported model: {_exported(card)} "
         f"(selection: {card.get('selection', 'last')}; validation AUC "
         f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
-        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}",
+        f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}; test-time augmentation "
+        f"`{card.get('tta', 'none')}`",
         f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
         f"{_fmt(card['initial_auc'])}); "
         f"worst site: {_fmt(card['worst_site_auc'])}",
@@ -97,6 +98,12 @@ def render_card(card: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _exported(card: dict[str, Any]) -> str:
+    if card.get("averaged_rounds"):
+        return f"mean of the weights of rounds {card['averaged_rounds']}"
+    return f"round {card.get('selected_round', card['rounds'])}"
 
 
 def _after_warmup(card: dict[str, Any]) -> str:

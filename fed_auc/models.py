@@ -21,6 +21,8 @@ ARCHITECTURES: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "densenet169": (64, 32, (6, 12, 32, 32)),
     "densenet201": (64, 32, (6, 12, 48, 32)),
     "tiny": (16, 8, (2, 2, 2)),
+    # Between tiny and DenseNet121: ~3x tiny's CPU time per step at 32 px, 9x its weights.
+    "small": (32, 16, (4, 4, 4)),
 }
 
 MIN_SIDE = 32  # MONAI DenseNet121's downsampling needs at least 32 px per side

@@ -39,6 +39,7 @@ from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.roc import per_label_roc
 from fed_auc.trainable import Tensors, Trainable
+from fed_auc.tta import check_tta, default_tta, predict
 
 LOCAL_STATE_FILE = "local_state.pt"
 PENDING_STATE_FILE = "local_state.pending.pt"
@@ -85,13 +86,17 @@ class Node:
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
         augment: str = "none",
+        tta: str | None = None,
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
         next); None builds this node's own. ``state_in_memory`` False keeps the local state on
         disk only between rounds, so a simulation of hundreds of sites holds one at a time.
+        ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
+        default for its ``augment``, as in ``fed-auc simulate``.
         """
         self.site = site
+        self.tta = check_tta(default_tta(augment) if tta is None else tta)
         self.backend = backend
         self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
@@ -249,10 +254,5 @@ class Node:
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor) -> np.ndarray:
-        """h = sigmoid(logit) for every image, in eval mode."""
-        model = self.trainable.model
-        model.eval()
-        chunks = [images[i : i + EVAL_BATCH] for i in range(0, len(images), EVAL_BATCH)]
-        if not chunks:
-            return np.zeros((0, self.site.num_labels), dtype=np.float32)
-        return torch.cat([torch.sigmoid(model(chunk)) for chunk in chunks]).numpy()
+        """h = sigmoid(logit) for every image, in eval mode, averaged over the TTA views."""
+        return predict(self.trainable.model, images, self.tta, EVAL_BATCH)

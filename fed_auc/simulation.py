@@ -31,7 +31,7 @@ from fed_auc.data.spec import load_sites, parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
 from fed_auc.evaluate import youden_threshold
 from fed_auc.export import export_model
-from fed_auc.io import load_state, save_json, save_state
+from fed_auc.io import save_json
 from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES, build_loss
 from fed_auc.models import ARCHITECTURES, DenseNetClassifier, build_model, model_from_config
@@ -40,13 +40,15 @@ from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.robust import Aggregation
+from fed_auc.selection import BestModel, parse_select, track_best_model
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
+from fed_auc.tta import TTA_MODES, default_tta
 
 PARTITION_FILE = "partition.json"
+DEFAULT_FILE_SELECT = "best_val:5"
 STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
-BEST_MODEL_FILE = "best_model.pt"
 
 
 @dataclass
@@ -94,13 +96,19 @@ class SimulationConfig:
     skip_bad_images: bool = False
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
-    # validation AUC ("best_val") rather than the last one ("last").
+    # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
+    # best ("best_val:K") or last ("last:K") rounds (fed_auc.selection). None: best_val:5 for
+    # image files (a 78-image validation split picks single rounds noisily, BENCHMARKS.md),
+    # best_val for the synthetic demo.
     warmup_rounds: int = 0
-    select: str = "best_val"
+    select: str | None = None
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
     # 28 px crop_flip underfit in 30 rounds, BENCHMARKS.md), none for the synthetic demo.
     augment: str | None = None
+    # Test-time augmentation of every scored split (fed_auc.tta): none or flip. None: flip
+    # when training flips the images (a model trained on mirrors scores both alike), else none.
+    tta: str | None = None
     # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
@@ -121,6 +129,9 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         if self.loss is None:
             self.loss = "ce" if self.algorithm == "fedavg" else "auc_margin"
+        if self.select is None and isinstance(self.data, str):
+            synthetic = parse_data_spec(self.data).kind == "synthetic"
+            self.select = "best_val" if synthetic else DEFAULT_FILE_SELECT
         self.validate()
 
     def validate(self) -> None:
@@ -140,8 +151,9 @@ class SimulationConfig:
         if self.partition is not None:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
-        _choice("select", self.select, ["best_val", "last"])
+        parse_select(self.select or "")
         _choice("augment", self.augmentation(), list(AUGMENTATIONS))
+        _choice("tta", self.test_time_augmentation(), list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
@@ -209,6 +221,10 @@ class SimulationConfig:
         if self.augment is not None:
             return self.augment
         return "none" if parse_data_spec(self.data).kind == "synthetic" else "flip"
+
+    def test_time_augmentation(self) -> str:
+        """The TTA in effect: the chosen one, or flip when the training batches are flipped."""
+        return default_tta(self.augmentation()) if self.tta is None else self.tta
 
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
@@ -405,6 +421,7 @@ def _nodes(
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
             augment=config.augmentation(),
+            tta=config.test_time_augmentation(),
         )
         for i, (site, budget) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
@@ -483,43 +500,6 @@ def rounds_left(runs_dir: str | Path, run_id: str) -> int:
     return int(total) - (0 if done != done else int(done))  # NaN: no round yet
 
 
-class BestModel:
-    """The global model to export: the round with the best validation AUC, or the last.
-
-    Kept on disk (``best_model.pt``) and offered each round before the round is recorded, so
-    a resumed run still knows the best round of the part it did before the crash.
-    """
-
-    def __init__(self, run_dir: Path, select: str) -> None:
-        self.path = run_dir / BEST_MODEL_FILE
-        self.select = select
-        saved = load_state(self.path) if self.path.exists() else {}
-        self.round: int | None = saved.get("round")
-        self.score: float | None = saved.get("score")
-        self.tensors: dict[str, torch.Tensor] | None = saved.get("tensors")
-
-    def offer(self, record: RoundRecord, tensors: dict[str, torch.Tensor]) -> None:
-        score = _val_score(record)
-        better = score is not None and (self.score is None or score > self.score)
-        if record.round == 0:  # the initial model: only until a trained round exists
-            take = self.round in (None, 0)
-        else:
-            take = self.select == "last" or self.round in (None, 0) or better
-        if take or record.round == self.round:
-            self.round, self.score = record.round, score
-            self.tensors = {k: v.clone() for k, v in tensors.items()}
-            if self.select == "best_val":
-                saved = {"round": self.round, "score": score, "tensors": self.tensors}
-                save_state(saved, self.path)
-
-    def settle(self, store: RunStore, run_id: str, coordinator: Coordinator) -> None:
-        """After the last round: with ``last`` and every round done before a resume, nothing
-        was offered in this process; take the final state."""
-        if self.tensors is None:
-            last = RoundRecord(round=int(store.rounds(run_id)["round"].max()))
-            self.offer(last, coordinator.backend.global_tensors(coordinator.state))
-
-
 def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:
     """Train the rounds still missing, export the selected model and close the run."""
     config, coordinator, store = fed.config, fed.coordinator, fed.store
@@ -536,15 +516,6 @@ def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -
     cards = [data_card(site) for site in fed.sites]
     return close_run(store, fed.run_id, fed.run_dir, config, coordinator.backend, best,
                      fed.model_config, cards, thresholds)  # fmt: skip
-
-
-def track_best_model(coordinator: Coordinator, run_dir: Path, select: str) -> BestModel:
-    """A ``BestModel`` offered every round's global model before the round is recorded."""
-    best = BestModel(run_dir, select)
-    coordinator.before_commit = lambda record: best.offer(
-        record, coordinator.backend.global_tensors(coordinator.state)
-    )
-    return best
 
 
 def close_run(
@@ -564,32 +535,30 @@ def close_run(
     """
     summary = summarize(run_id, run_dir, config, store)
     summary["selected_round"] = best.round
-    rounds = store.rounds(run_id).set_index("round", drop=False)
+    selected = store.rounds(run_id).set_index("round", drop=False).loc[best.round].copy()
+    site_frame = store.site_rounds(run_id).query(f"round == {best.round}").copy()
+    what = f"the model of round {best.round}"
+    if best.metrics is not None:  # an average: its own scores replace the round's
+        what = f"the mean of the models of rounds {best.rounds}"
+        summary["averaged_rounds"] = best.rounds
+        for key in ("global_auc", "global_val_auc", "worst_site_auc"):
+            selected[key] = best.metrics[key]
+        for key in ("auc", "auc_lo", "auc_hi", "n_test"):
+            values = {site: m[key] for site, m in best.metrics["sites"].items()}
+            site_frame[key] = site_frame["site"].map(values)
     card = model_card(
-        summary,
-        rounds.loc[best.round],
-        store.site_rounds(run_id).query(f"round == {best.round}"),
-        config,
-        backend.hyperparameters(),
-        model_config,
-        cards,
+        summary, selected, site_frame, config, backend.hyperparameters(), model_config, cards
     )
     card["threshold"] = thresholds
+    card["averaged_rounds"] = best.rounds if best.averaged else None
+    summary["exported_auc"] = card["global_auc"]
     model_path = export_model(run_dir / "model", best.tensors, model_config, card)
     summary["model_path"] = str(model_path)
-    store.add_event(run_id, f"exported the model of round {best.round}")
+    store.add_event(run_id, f"exported {what}")
     store.add_event(run_id, "run completed")
     store.finish_run(run_id, "completed", summary)
     store.close()
     return summary
-
-
-def _val_score(record: RoundRecord) -> float | None:
-    """Pooled validation AUC, else the mean over sites of their validation AUC."""
-    if record.global_val_auc is not None:
-        return record.global_val_auc
-    values = [s.val_auc for s in record.sites if s.val_auc is not None]
-    return sum(values) / len(values) if values else None
 
 
 def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
@@ -706,6 +675,7 @@ def model_card(
         "selected_round": int(selected["round"]),
         "model_config": model_config,
         "image_size": config.image_size,
+        "tta": config.test_time_augmentation(),
         "label_names": cards[0]["label_names"],
         "hyperparameters": hyperparameters,
         "global_auc": _number(selected["global_auc"]),

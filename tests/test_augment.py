@@ -108,7 +108,9 @@ def test_node_trains_on_augmented_batches_but_evaluates_the_stored_images(tmp_pa
     site = SiteData("s", split, split, split, ["label"])
     config = {"arch": "tiny", "num_labels": 1, "in_channels": 1}
     backend = build_backend("fedavg", local_steps=1)
-    node = Node(site, backend, config, "ce", tmp_path, batch_size=8, augment="crop_flip")
+    node = Node(
+        site, backend, config, "ce", tmp_path, batch_size=8, augment="crop_flip", tta="none"
+    )
     plain = Node(site, backend, config, "ce", tmp_path / "p", batch_size=8)
     x, y = next(node.batches)
     x0, y0 = next(plain.batches)

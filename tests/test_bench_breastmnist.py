@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from fed_auc.data.base import Split
+from fed_auc.data.medmnist import load_medmnist
+from fed_auc.evaluate import evaluate_model, load_registered_model
 from fed_auc.store import RunStore
 from tests.data_files import write_npz
 
@@ -46,19 +49,25 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     assert [r["seed"] for r in results] == [0, 1]
     with RunStore(runs) as store:
         main_runs = store.runs().query("algorithm == 'codasca'")
-        by_seed = {
-            store.run(run_id)["config"]["seed"]: store.rounds(run_id).set_index("round")
-            for run_id in main_runs["id"]
+        run_dirs = {
+            store.run(run_id)["config"]["seed"]: runs / run_id for run_id in main_runs["id"]
         }
         configs = [store.run(run_id)["config"] for run_id in main_runs["id"]]
     assert {c["augment"] for c in configs} == {"flip"}
+    pool = load_medmnist(npz, image_size=16)
+    test = pool.split == "test"
     for r in results:
-        assert 1 <= r["selected_round"] <= 2
-        recorded = by_seed[r["seed"]].loc[r["selected_round"], "global_auc"]
-        assert r["test_auc"] == pytest.approx(recorded)
+        # the defaults for image files: the mean of the best 5 (here: both) rounds, flip TTA
+        assert r["selection"] == "best_val:5" and r["tta"] == "flip"
+        assert r["selected_round"] == 2 and r["averaged_rounds"] == [1, 2]
+        model, card = load_registered_model(run_dirs[r["seed"]] / "model")
+        sites = {"all": Split(pool.images[test], pool.labels[test])}
+        scored = evaluate_model(model, card, sites, n_boot=0)["sites"]["all"]["label"]["auc"]
+        assert r["test_auc"] == pytest.approx(scored)
     mean = statistics.mean(r["test_auc"] for r in results)
     sd = statistics.stdev(r["test_auc"] for r in results)
     text = md.read_text()
     assert f"**{mean:.3f} ± {sd:.3f}**" in text
     assert re.search(r"Command: `python benchmarks/breastmnist.py --npz ", text)
     assert "0.909 ± 0.012" in text and "Seeds: 0, 1" in text
+    assert "| best_val:5, flip |" in text and "| 1+2; 1+2 |" in text

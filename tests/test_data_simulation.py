@@ -24,6 +24,7 @@ def test_medmnist_federation_with_warmup_exports_the_best_validation_round(tmp_p
         batch_size=8,
         image_size=16,
         warmup_rounds=2,
+        select="best_val",
         runs_dir=str(tmp_path / "runs"),
     )
     summary = run_simulation(config)

@@ -17,11 +17,11 @@ from fed_auc.evaluate import (
     bootstrap_ci,
     evaluate_model,
     load_registered_model,
-    score,
     youden_threshold,
 )
 from fed_auc.models import build_model
 from fed_auc.registry import register_model
+from fed_auc.tta import predict
 from tests.data_files import FINDINGS, write_chexpert, write_npz
 
 
@@ -54,11 +54,11 @@ def test_chexpert_csv_trains_and_evaluates_per_site_per_label(chexpert_run, tmp_
     assert (out / "roc.png").stat().st_size > 1000
 
     # recompute site a's numbers independently from the model file and the CSV
-    model, _ = load_registered_model(model_dir / "model.pt")
+    model, card = load_registered_model(model_dir / "model.pt")
     pool = load_csv_images(csv, image_size=16)
     manifest = json.loads(manifest_file.read_text())
     rows = manifest["sites"]["a"]["test"]
-    labels, scores = pool.labels[rows].numpy(), score(model, pool.images[rows])
+    labels, scores = pool.labels[rows].numpy(), predict(model, pool.images[rows], card["tta"])
     for j, finding in enumerate(FINDINGS):
         r = results["sites"]["a"][finding]
         known = ~np.isnan(labels[:, j])
@@ -136,7 +136,7 @@ def test_roc_points_and_operating_point_match_the_scores():
     model = build_model("tiny", num_labels=1).eval()
     images = torch.rand(40, 1, 16, 16)
     labels = torch.tensor([[1.0], [0.0], [0.0], [0.0]] * 10)
-    scores = score(model, images)[:, 0]
+    scores = predict(model, images)[:, 0]
     card = {"label_names": ["x"], "threshold": [float(np.median(scores))]}
     r = evaluate_model(model, card, {"s": Split(images, labels)}, n_boot=0)["sites"]["s"]["x"]
     y = labels[:, 0].numpy() == 1
