@@ -305,6 +305,7 @@ def node_setup(config: SimulationConfig, run_id: str, model_config: dict[str, An
         "batch_size": config.batch_size,
         "min_pos_fraction": config.min_pos_fraction,
         "augment": config.augmentation(),
+        "tta": config.test_time_augmentation(),
         "seed": config.seed,
         "image_size": config.image_size,
         "num_labels": config.num_labels,

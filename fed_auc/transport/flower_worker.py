@@ -162,6 +162,7 @@ def build_node(site: SiteConfig, setup: dict[str, Any]) -> Node:
         seed=setup["seed"] * 1000 + site.index,
         privacy=_privacy(setup),
         augment=setup.get("augment", "none"),
+        tta=setup.get("tta"),  # None: the default for its augmentation
     )
 
 
