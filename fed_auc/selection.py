@@ -61,6 +61,8 @@ class BestModel:
         self.mode, self.count = parse_select(select)
         self.persist = (self.mode, self.count) != ("last", 1)
         saved = load_state(self.path) if self.path.exists() else {}
+        if "tensors" in saved:  # a run started before averaging existed kept one round
+            saved = {"kept": [saved]}
         self.kept: list[dict[str, Any]] = saved.get("kept", [])  # round, score, tensors
         self.metrics: dict[str, Any] | None = None  # scores of an averaged model
 

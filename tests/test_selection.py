@@ -10,7 +10,8 @@ import torch
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate import evaluate_model, load_registered_model
-from fed_auc.selection import BestModel, average, parse_select
+from fed_auc.io import save_state
+from fed_auc.selection import BEST_MODEL_FILE, BestModel, average, parse_select
 from fed_auc.simulation import SimulationConfig, run_simulation
 from fed_auc.store import RoundRecord
 from tests.data_files import write_npz
@@ -56,6 +57,17 @@ def test_best_val_k_averages_the_k_best_validated_rounds(tmp_path) -> None:
     assert int(best.tensors["buf/n"]) == 5
     reloaded = BestModel(tmp_path, "best_val:2")  # what a resumed run starts from
     assert reloaded.rounds == [2, 5] and torch.equal(reloaded.tensors["w/x"], best.tensors["w/x"])
+
+
+def test_a_best_model_file_of_the_single_round_format_is_resumed(tmp_path) -> None:
+    """Runs interrupted before averaged exports existed saved one round, not a list."""
+    tensors = {"w/x": torch.full((2,), 3.0), "buf/n": torch.tensor(3)}
+    save_state({"round": 3, "score": 0.8, "tensors": tensors}, tmp_path / BEST_MODEL_FILE)
+    best = BestModel(tmp_path, "best_val")
+    assert best.rounds == [3] and torch.equal(best.tensors["w/x"], tensors["w/x"])
+    offer(best, 4, 0.7)  # worse: round 3 stays
+    offer(best, 5, 0.85)
+    assert best.rounds == [5]
 
 
 def test_best_val_ties_keep_the_earlier_round_and_unscored_rounds_stand_in(tmp_path) -> None:
