@@ -139,12 +139,13 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
             for r in results
         )  # fmt: skip
         how = ", ".join(sorted({f"{r['selection']}, {r['tta']}" for r in results}))
-        setting = "federated, dirichlet:0.5, 4 sites" if row.setting == "federated" else (
-            "centralized (`--sites 1`)"
+        setting = (
+            "federated, dirichlet:0.5, 4 sites"
+            if row.setting == "federated"
+            else ("centralized (`--sites 1`)")
         )
         lines.append(
-            f"| {setting} | {row.augment} | {how} | {model} | **{auc}** "
-            f"| {per_seed} | {chosen} |"
+            f"| {setting} | {row.augment} | {how} | {model} | **{auc}** | {per_seed} | {chosen} |"
         )
     for name, ref_model, auc in REFERENCES:
         lines.append(f"| {name} | — | — | {ref_model} | {auc} | — | — |")

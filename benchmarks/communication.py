@@ -185,5 +185,6 @@ def main() -> None:
     text = provenance(",".join(map(str, seeds)), time.perf_counter() - started, settings)
     emit(f"{text}\n\n{table(results, seeds)}", args.markdown)
 
+
 if __name__ == "__main__":
     main()

@@ -323,8 +323,7 @@ def markdown(
         f"weight decay {s.weight_decay}, margin {s.margin}, gradient clip {s.grad_clip} "
         f"(AUC contenders), fed-auc codasca γ = {s.gamma:g}, LibAUC {LIBAUC_VERSION}.",
         "",
-        "| contender | train img/s, median (range) | time / SGD + BCE, median (range) "
-        "| test AUC |",
+        "| contender | train img/s, median (range) | time / SGD + BCE, median (range) | test AUC |",
         "|---|---|---|---|",
     ]
     for r in rows:
@@ -343,9 +342,7 @@ def markdown(
             "|---|---|",
         ]
         for name, ms in updates.items():
-            lines.append(
-                f"| {name} | {statistics.median(ms):.1f} ({min(ms):.1f}–{max(ms):.1f}) |"
-            )
+            lines.append(f"| {name} | {statistics.median(ms):.1f} ({min(ms):.1f}–{max(ms):.1f}) |")
     lines += ["", NOTES, ""]
     return "\n".join(lines)
 

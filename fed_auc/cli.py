@@ -339,9 +339,7 @@ def _resume_runs_dir(args: argparse.Namespace) -> str:
     ]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise SystemExit(
-            f"fed-auc simulate --resume uses the run's recorded options; drop {flags}"
-        )
+        raise SystemExit(f"fed-auc simulate --resume uses the run's recorded options; drop {flags}")
     return args.runs_dir or "runs"
 
 
@@ -365,6 +363,8 @@ def dashboard(runs_dir: str, port: int, host: str) -> int:
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 0
+
+
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "feature_shift": args.feature_shift or 0.0,

@@ -27,9 +27,7 @@ def test_rates_and_ratios_follow_from_the_timings() -> None:
     ticks = itertools.count()
     clock = lambda: 0.25 * next(ticks)  # noqa: E731 - every timed chunk lasts 0.25 s
     rows = bench.compare(TOY, libauc=False, clock=clock)
-    assert [r["name"] for r in rows] == [
-        bench.BASELINE, "fed-auc local_sgda", "fed-auc codasca"
-    ]
+    assert [r["name"] for r in rows] == [bench.BASELINE, "fed-auc local_sgda", "fed-auc codasca"]
     for row in rows:
         assert row["img_s"] == pytest.approx(TOY.chunk_steps * TOY.batch_size / 0.25)
         assert row["cost"] == pytest.approx(1.0)
