@@ -25,7 +25,12 @@ VALUES = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,  # the same examples on every run: a CI failure reproduces
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.dictionaries(st.sampled_from(FIELDS + ["colour", "round"]), VALUES, max_size=3))
 def test_any_config_is_valid_or_refused_naming_the_option(values) -> None:
     try:
@@ -36,7 +41,7 @@ def test_any_config_is_valid_or_refused_naming_the_option(values) -> None:
         assert by_backend or any(name in message for name in values), (values, message)
         return
     for name, value in values.items():  # accepted: the value is kept as given, and finite
-        if name != "loss" or value is not None:
+        if name not in ("loss", "select") or value is not None:  # None: the data's default
             assert getattr(config, name) == value
         assert not isinstance(value, float) or math.isfinite(value), (name, value)
 
@@ -54,7 +59,7 @@ TENSORS = st.builds(
 PAYLOADS = st.dictionaries(st.sampled_from(["w/x", "auc/a", "buf/m", "w/evil", "dc/w/x"]), TENSORS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     PAYLOADS,
     st.sampled_from(["a", "b"]),
