@@ -295,23 +295,12 @@ class Coordinator:
         defined = [a for a in site_aucs.values() if a is not None]
         record.worst_site_auc = min(defined) if defined else None
         record.mean_site_auc = float(np.mean(defined)) if defined else None
-        record.global_auc, per_label = self._pooled(evaluations, "test")
-        record.global_val_auc, _ = self._pooled(evaluations, "val")
+        record.global_auc, per_label = pooled_auc(evaluations, "test")
+        record.global_val_auc, _ = pooled_auc(evaluations, "val")
         record.metrics = {
             "global_auc_per_label": per_label,
             "eval_s": time.perf_counter() - start,
         }
-
-    def _pooled(
-        self, evaluations: Mapping[str, Evaluation], split: str
-    ) -> tuple[float | None, list[float | None]]:
-        parts = [e.splits[split] for e in evaluations.values() if e.splits[split].n > 0]
-        if not parts or parts[0].scores is None:
-            return None, []
-        labels = np.concatenate([p.labels for p in parts])
-        scores = np.concatenate([p.scores for p in parts])
-        aucs = per_label_auc(labels, scores)
-        return mean_auc(aucs), [a.auc for a in aucs]
 
     def _start_checkpoint(self, round_: int, kept: Mapping[str, list[int]]) -> None:
         """Write the round's checkpoint in the background while the sites evaluate.
@@ -343,6 +332,20 @@ class Coordinator:
     def close(self) -> None:
         self.wait_for_checkpoint()
         self._writer.shutdown()
+
+
+def pooled_auc(
+    evaluations: Mapping[str, Evaluation], split: str
+) -> tuple[float | None, list[float | None]]:
+    """Mean and per-label AUC of a split over every site's scores pooled (None when scores
+    do not leave the sites)."""
+    parts = [e.splits[split] for e in evaluations.values() if e.splits[split].n > 0]
+    if not parts or parts[0].scores is None:
+        return None, []
+    labels = np.concatenate([p.labels for p in parts])
+    scores = np.concatenate([p.scores for p in parts])
+    aucs = per_label_auc(labels, scores)
+    return mean_auc(aucs), [a.auc for a in aucs]
 
 
 def phase_signals(sent: Tensors, replies: Sequence[Reply]) -> dict[str, dict[str, float]]:

@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from fed_auc.coordinator import pooled_auc
 from fed_auc.io import load_state, save_state
-from fed_auc.metrics import mean_auc, per_label_auc
+from fed_auc.metrics import mean_auc
 from fed_auc.node import Evaluation
 from fed_auc.store import RoundRecord, RunStore
 
@@ -33,8 +33,7 @@ def parse_select(text: str) -> tuple[str, int]:
     mode, colon, count = text.partition(":")
     if mode not in SELECT_MODES or (colon and not (count.isdigit() and int(count) >= 1)):
         raise ValueError(
-            f"select must be one of best_val, last, best_val:K or last:K (K >= 1 rounds "
-            f"averaged), "
+            f"select must be one of best_val, last, best_val:K, last:K (K >= 1 rounds averaged), "
             f"got {text!r}"
         )
     return mode, int(count or 1)
@@ -87,7 +86,7 @@ class BestModel:
 
     def offer(self, record: RoundRecord, tensors: dict[str, torch.Tensor]) -> None:
         score = _val_score(record)
-        entry = {"round": record.round, "score": score, "tensors": _clone(tensors)}
+        entry = {"round": record.round, "score": score, "tensors": tensors}
         if record.round == 0:  # the initial model: only until a trained round exists
             if self.rounds not in ([], [0]):
                 return
@@ -95,8 +94,10 @@ class BestModel:
         else:  # a resume may offer a recorded round again: the new entry replaces it
             trained = [e for e in self.kept if e["round"] not in (0, record.round)]
             self.kept = self._choose([*trained, entry])
-        if self.persist and any(e is entry for e in self.kept):  # else nothing changed
-            save_state({"kept": self.kept}, self.path)
+        if any(e is entry for e in self.kept):  # copied only when kept; else nothing changed
+            entry["tensors"] = _clone(tensors)
+            if self.persist:
+                save_state({"kept": self.kept}, self.path)
 
     def _choose(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The ``count`` entries to keep: the latest, or the best validated (ties: earlier)."""
@@ -138,20 +139,11 @@ def score_model(coordinator: Any, tensors: dict[str, torch.Tensor]) -> dict[str,
         }
     defined = [s["auc"] for s in sites.values() if s["auc"] is not None]
     return {
-        "global_auc": _pooled(evaluations, "test"),
-        "global_val_auc": _pooled(evaluations, "val"),
+        "global_auc": pooled_auc(evaluations, "test")[0],
+        "global_val_auc": pooled_auc(evaluations, "val")[0],
         "worst_site_auc": min(defined) if defined else None,
         "sites": sites,
     }
-
-
-def _pooled(evaluations: dict[str, Evaluation], split: str) -> float | None:
-    parts = [e.splits[split] for e in evaluations.values() if e.splits[split].n > 0]
-    if not parts or parts[0].scores is None:
-        return None
-    labels = np.concatenate([p.labels for p in parts])
-    scores = np.concatenate([p.scores for p in parts])
-    return mean_auc(per_label_auc(labels, scores))
 
 
 def _val_score(record: RoundRecord) -> float | None:
