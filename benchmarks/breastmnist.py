@@ -23,6 +23,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
     card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
     return {
         "seed": seed,
+        "val_auc": card["global_val_auc"],
         "selected_round": summary["selected_round"],
         "averaged_rounds": summary.get("averaged_rounds"),
         "test_auc": summary["exported_auc"],
@@ -95,11 +97,17 @@ def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
     }
 
 
-def summarize(results: list[dict]) -> dict:
-    """Mean and sample sd over seeds (sd 0 for one seed)."""
-    aucs = [r["test_auc"] for r in results]
+def summarize(results: list[dict], key: str = "test_auc") -> dict:
+    """Mean and sample sd over seeds (sd 0 for one seed) of a result's `key`."""
+    aucs = [r[key] for r in results]
     sd = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
     return {"mean": statistics.mean(aucs), "sd": sd, "aucs": aucs}
+
+
+def run_row(args: argparse.Namespace, row: Row) -> list[dict]:
+    """Every seed of one row, `--jobs` runs at a time (each on one torch thread)."""
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(lambda seed: run(args, row, seed), args.seeds))
 
 
 def machine_line() -> str:
@@ -124,8 +132,8 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         "with the test-time augmentation (TTA) its card records.",
         "",
         "| setting | augment | select, TTA | model | test AUC (mean ± sd) | per seed "
-        "| exported rounds |",
-        "|---|---|---|---|---|---|---|",
+        "| validation AUC (mean) | exported rounds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row, results in table.items():
         s = summarize(results)
@@ -133,6 +141,7 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         if len(results) == 1:
             auc = f"{s['mean']:.3f} (1 seed)"
         per_seed = ", ".join(f"{a:.3f}" for a in s["aucs"])
+        val = summarize(results, "val_auc")["mean"]
         chosen = "; ".join(
             str(r["selected_round"]) if not r["averaged_rounds"] else
             "+".join(map(str, r["averaged_rounds"]))
@@ -145,10 +154,11 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
             else ("centralized (`--sites 1`)")
         )
         lines.append(
-            f"| {setting} | {row.augment} | {how} | {model} | **{auc}** | {per_seed} | {chosen} |"
+            f"| {setting} | {row.augment} | {how} | {model} | **{auc}** | {per_seed} | {val:.3f} "
+            f"| {chosen} |"
         )
     for name, ref_model, auc in REFERENCES:
-        lines.append(f"| {name} | — | — | {ref_model} | {auc} | — | — |")
+        lines.append(f"| {name} | — | — | {ref_model} | {auc} | — | — | — |")
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +174,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--warmup-rounds", type=int)
     parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     parser.add_argument(
         "--rows", nargs="+", type=Row.parse, help=f"SETTING:AUGMENT (default {DEFAULT_ROWS})"
     )
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     table: dict[Row, list[dict]] = {}
     for row in args.rows:
-        table[row] = [run(args, row, seed) for seed in args.seeds]
+        table[row] = run_row(args, row)
         s = summarize(table[row])
         print(
             f"{row.setting} augment={row.augment}: test AUC {s['mean']:.3f} ± {s['sd']:.3f} "

@@ -44,6 +44,7 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     runs, out, md = tmp_path / "runs", tmp_path / "out.json", tmp_path / "frag.md"
     argv = ["--npz", str(npz), "--image-size", "16", "--rounds", "2", "--warmup-rounds", "1"]
     argv += ["--seeds", "0", "1", "--rows", "federated:flip", "--runs-dir", str(runs)]
+    argv += ["--jobs", "2"]  # both seeds at once; results still in seed order
     bench.main([*argv, "--out", str(out), "--markdown", str(md)])
     results = json.loads(out.read_text())["federated:flip"]
     assert [r["seed"] for r in results] == [0, 1]
@@ -64,6 +65,7 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
         sites = {"all": Split(pool.images[test], pool.labels[test])}
         scored = evaluate_model(model, card, sites, n_boot=0)["sites"]["all"]["label"]["auc"]
         assert r["test_auc"] == pytest.approx(scored)
+        assert r["val_auc"] == card["global_val_auc"]
     mean = statistics.mean(r["test_auc"] for r in results)
     sd = statistics.stdev(r["test_auc"] for r in results)
     text = md.read_text()
@@ -71,3 +73,5 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     assert re.search(r"Command: `python benchmarks/breastmnist.py --npz ", text)
     assert "0.909 ± 0.012" in text and "Seeds: 0, 1" in text
     assert "| best_val:5, flip |" in text and "| 1+2; 1+2 |" in text
+    val = statistics.mean(r["val_auc"] for r in results)
+    assert f"| {val:.3f} | 1+2; 1+2 |" in text
