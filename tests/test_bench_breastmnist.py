@@ -35,6 +35,8 @@ def test_rows_are_parsed_and_bad_ones_named() -> None:
         bench.Row.parse("federated")
     quick = bench.parse_args(["--quick"])
     assert quick.rounds < bench.FULL["rounds"] and len(quick.seeds) == 3
+    assert quick.model == "tiny" and bench.parse_args([]).model == "small"
+    assert bench.parse_args(["--model", "tiny"]).model == "tiny"
 
 
 @pytest.mark.slow
@@ -43,6 +45,7 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     npz = write_npz(tmp_path / "toy.npz", n=(160, 40, 60))
     runs, out, md = tmp_path / "runs", tmp_path / "out.json", tmp_path / "frag.md"
     argv = ["--npz", str(npz), "--image-size", "16", "--rounds", "2", "--warmup-rounds", "1"]
+    argv += ["--model", "tiny"]
     argv += ["--seeds", "0", "1", "--rows", "federated:flip", "--runs-dir", str(runs)]
     argv += ["--jobs", "2"]  # both seeds at once; results still in seed order
     bench.main([*argv, "--out", str(out), "--markdown", str(md)])
