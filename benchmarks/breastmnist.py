@@ -7,9 +7,8 @@ to the two quoted references, and the mean validation AUC (what a recipe should 
 on: the test split is the only one the references report). The defaults are the recipe of
 BENCHMARKS.md: small @ 28 px, lr 0.2, batch 32, 10 warm-up + 60 CODASCA rounds, seeds 0-2
 (`--seeds 0 1 2 3 4 5` for a spread that does not hang on three partitions). Every run
-uses one torch thread
-(OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the same round 20× slower
-by spinning.
+uses one torch thread (OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the
+same round 20× slower by spinning.
 
     python benchmarks/breastmnist.py --quick                      # tiny @ 28 px, minutes
     python benchmarks/breastmnist.py --jobs 2 --markdown benchmarks/results/breastmnist.md
@@ -186,6 +185,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/breastmnist"))
     parser.add_argument("--out", type=Path, help="write the per-seed results as JSON here")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     mode = QUICK if args.quick else FULL
     for name, value in mode.items():
         if getattr(args, name) is None:

@@ -28,7 +28,7 @@ def load_script():
     return module
 
 
-def test_rows_are_parsed_and_bad_ones_named() -> None:
+def test_rows_are_parsed_and_bad_ones_named(capsys: pytest.CaptureFixture[str]) -> None:
     bench = load_script()
     assert bench.Row.parse("centralized:flip") == bench.Row("centralized", "flip")
     with pytest.raises(ValueError, match="row must be .* got 'federated'"):
@@ -37,6 +37,9 @@ def test_rows_are_parsed_and_bad_ones_named() -> None:
     assert quick.rounds < bench.FULL["rounds"] and len(quick.seeds) == 3
     assert quick.model == "tiny" and bench.parse_args([]).model == "small"
     assert bench.parse_args(["--model", "tiny"]).model == "tiny"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--jobs", "0"])
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow
