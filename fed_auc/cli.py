@@ -57,6 +57,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--min-pos-fraction", type=float, help="floor of positives per batch (default 0.05)"
     )
     p.add_argument(
+        "--min-neg-fraction",
+        type=float,
+        help="floor of negatives per batch (default: 0.25 for image files, 0 for synthetic)",
+    )
+    p.add_argument(
         "--backend-option",
         action="append",
         metavar="NAME=VALUE",

@@ -79,6 +79,7 @@ class Node:
         state_dir: str | Path,
         batch_size: int = 32,
         min_pos_fraction: float = 0.05,
+        min_neg_fraction: float = 0.0,
         seed: int = 0,
         memory_budget: float | int | str | None = None,
         personalization: Personalization | None = None,
@@ -127,6 +128,7 @@ class Node:
             batch_size,
             seed=seed,
             min_pos_fraction=min_pos_fraction,
+            min_neg_fraction=min_neg_fraction,
             augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
         self._initial_sampler = self.batches.state_dict()

@@ -48,6 +48,7 @@ from fed_auc.tta import TTA_MODES, default_tta
 
 PARTITION_FILE = "partition.json"
 DEFAULT_FILE_SELECT = "best_val:5"
+DEFAULT_FILE_NEG_FLOOR = 0.25
 STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
 
 
@@ -81,6 +82,12 @@ class SimulationConfig:
     # A 20 % floor skews the batches away from the prevalence p the AUC loss assumes: on the
     # demo federation it cost 0.05 pooled and 0.2 worst-site AUC (BENCHMARKS.md).
     min_pos_fraction: float = 0.05
+    # Floor of negatives per batch. Label skew can leave a site nearly all positive (BreastMNIST
+    # under dirichlet:0.5: 124 benign of 125), so most of its batches would have no negative.
+    # None: 0.25 for image files (8 of 32, as LibAUC's DualSampler fixes both classes' counts;
+    # chosen on BreastMNIST validation AUC, BENCHMARKS.md), 0 for the synthetic demo, whose
+    # positives are the rare class.
+    min_neg_fraction: float | None = None
     # Further hyperparameters of the chosen backend, by name (TOML table [backend_options],
     # CLI --backend-option NAME=VALUE); the backend validates them.
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -132,6 +139,9 @@ class SimulationConfig:
         if self.select is None and isinstance(self.data, str):
             synthetic = parse_data_spec(self.data).kind == "synthetic"
             self.select = "best_val" if synthetic else DEFAULT_FILE_SELECT
+        if self.min_neg_fraction is None and isinstance(self.data, str):
+            synthetic = parse_data_spec(self.data).kind == "synthetic"
+            self.min_neg_fraction = 0.0 if synthetic else DEFAULT_FILE_NEG_FLOOR
         self.validate()
 
     def validate(self) -> None:
@@ -167,6 +177,16 @@ class SimulationConfig:
             raise ValueError(f"participation must be in (0, 1], got {self.participation!r}")
         if not 0 <= self.min_pos_fraction < 1:
             raise ValueError(f"min_pos_fraction must be in [0, 1), got {self.min_pos_fraction!r}")
+        if self.min_neg_fraction is not None and not 0 <= self.min_neg_fraction < 1:
+            raise ValueError(f"min_neg_fraction must be in [0, 1), got {self.min_neg_fraction!r}")
+        floors = math.ceil(self.min_pos_fraction * self.batch_size) + math.ceil(
+            (self.min_neg_fraction or 0) * self.batch_size
+        )
+        if floors > self.batch_size:
+            raise ValueError(
+                f"min_pos_fraction {self.min_pos_fraction!r} and min_neg_fraction "
+                f"{self.min_neg_fraction!r} floor {floors} rows of a batch of {self.batch_size}"
+            )
         if not (math.isfinite(self.data_scale) and self.data_scale > 0):
             raise ValueError(f"data_scale must be > 0, got {self.data_scale!r}")
         if self.site_local_steps is not None and len(self.site_local_steps) != self.sites:
@@ -414,6 +434,7 @@ def _nodes(
             state_dir=run_dir / "nodes" / site.name,
             batch_size=config.batch_size,
             min_pos_fraction=config.min_pos_fraction,
+            min_neg_fraction=config.min_neg_fraction,
             seed=config.seed * 1000 + i,
             privacy=privacy,
             memory_budget=budget,

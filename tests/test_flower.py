@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from fed_auc.transport.flower_codec import (
     reply_frame,
     tensor_frame,
 )
-from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
+from fed_auc.transport.flower_worker import NodeWorker, SiteConfig, build_node
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
@@ -340,3 +341,12 @@ def test_flower_object_pulls_retry_within_a_quarter_second():
     assert time.perf_counter() - start < 3 * flower_backoff.CAP_S + 0.5  # Flower's own: ~7 s
     tries_allowed = flower_backoff.PULLERS[0].__kwdefaults__["max_tries_per_object"]
     assert tries_allowed * flower_backoff.CAP_S >= constant.PULL_MAX_TIME  # as patient as before
+
+
+def test_a_flower_node_samples_with_the_experiments_batch_floors(tmp_path):
+    setup, _ = _setup()
+    setup = {**setup, "min_pos_fraction": 0.1, "min_neg_fraction": 0.25}
+    node = build_node(SiteConfig.from_toml(_site_toml(tmp_path, "county_general", 1)), setup)
+    assert (node.batches.min_positives, node.batches.min_negatives) == (
+        math.ceil(0.1 * setup["batch_size"]), math.ceil(0.25 * setup["batch_size"]),
+    )  # fmt: skip

@@ -1,4 +1,4 @@
-"""BatchStream: positive floor, epoch coverage, determinism and exact resume."""
+"""BatchStream: positive and negative floors, epoch coverage, determinism and exact resume."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from fed_auc.data.base import Split
 from fed_auc.data.sampling import BatchStream
+from fed_auc.simulation import SimulationConfig, build_federation
 
 
 def make_split(n: int, positives: int, num_labels: int = 1, size: int = 4) -> Split:
@@ -38,6 +39,40 @@ def is_positive(split: Split, rows: torch.Tensor) -> torch.Tensor:
 def test_rejects_bad_arguments(batch_size: object, fraction: float) -> None:
     with pytest.raises(ValueError, match="batch_size|min_pos_fraction"):
         BatchStream(make_split(20, 4), batch_size=batch_size, min_pos_fraction=fraction)
+
+
+def test_rejects_a_bad_negative_floor_and_floors_that_overfill_the_batch() -> None:
+    with pytest.raises(ValueError, match=r"min_neg_fraction = 1\.0: must be in \[0, 1\)"):
+        BatchStream(make_split(20, 4), batch_size=8, min_neg_fraction=1.0)
+    with pytest.raises(ValueError, match="ask for 9 floored rows in a batch of 8"):
+        BatchStream(make_split(20, 4), batch_size=8, min_pos_fraction=0.6, min_neg_fraction=0.5)
+
+
+def test_negative_floor_holds_in_every_batch_of_a_nearly_all_positive_site() -> None:
+    split = make_split(125, 124)  # the BreastMNIST site under label skew: 1 negative
+    stream = BatchStream(split, batch_size=32, seed=0, min_neg_fraction=0.1)
+    assert (stream.min_positives, stream.min_negatives) == (2, 4)
+    for rows in take(stream, 100):
+        assert len(rows) == 32 and int((~is_positive(split, rows)).sum()) >= 4
+    without = BatchStream(split, batch_size=32, seed=0)
+    assert min(int((~is_positive(split, r)).sum()) for r in take(without, 100)) == 0
+
+
+def test_both_floors_hold_together_and_every_row_is_still_covered() -> None:
+    split = make_split(300, 150)
+    stream = BatchStream(split, 32, seed=6, min_pos_fraction=0.4, min_neg_fraction=0.4)
+    for rows in take(stream, 40):
+        positives = int(is_positive(split, rows).sum())
+        assert positives >= 13 and 32 - positives >= 13
+    assert set(torch.cat(take(stream, 20)).tolist()) == set(range(300))
+
+
+def test_a_zero_negative_floor_leaves_the_stream_as_it_was() -> None:
+    split = make_split(200, 8)
+    assert same(
+        take(BatchStream(split, 32, seed=3, min_pos_fraction=0.2), 30),
+        take(BatchStream(split, 32, seed=3, min_pos_fraction=0.2, min_neg_fraction=0.0), 30),
+    )
 
 
 def test_rejects_empty_split() -> None:
@@ -138,19 +173,36 @@ def test_same_seed_same_stream_other_seed_other_stream() -> None:
     assert not same(first, third)
 
 
-@pytest.mark.parametrize(("n", "fraction"), [(200, 0.2), (200, 0.0), (10, 0.2)])
-def test_resume_from_state_dict_reproduces_the_stream(n: int, fraction: float) -> None:
-    split = make_split(n, 5)
-    original = BatchStream(split, 32, seed=11, min_pos_fraction=fraction)
+@pytest.mark.parametrize(
+    ("n", "positives", "fraction", "neg_fraction"),
+    [(200, 5, 0.2, 0.0), (200, 5, 0.0, 0.0), (10, 5, 0.2, 0.0), (200, 195, 0.05, 0.2)],
+)
+def test_resume_from_state_dict_reproduces_the_stream(
+    n: int, positives: int, fraction: float, neg_fraction: float
+) -> None:
+    split = make_split(n, positives)
+    floors = {"min_pos_fraction": fraction, "min_neg_fraction": neg_fraction}
+    original = BatchStream(split, 32, seed=11, **floors)
     take(original, 7)
     buffer = io.BytesIO()
     torch.save(original.state_dict(), buffer)  # as a checkpoint would
     expected = take(original, 25)
-    resumed = BatchStream(split, 32, seed=999, min_pos_fraction=fraction)
+    resumed = BatchStream(split, 32, seed=999, **floors)
     buffer.seek(0)
     resumed.load_state_dict(torch.load(buffer))
     assert same(expected, take(resumed, 25))
     assert resumed.epoch == original.epoch
+
+
+def test_a_state_saved_before_the_negative_floor_still_loads() -> None:
+    split = make_split(200, 20)
+    original = BatchStream(split, 32, seed=2)
+    take(original, 3)
+    state = original.state_dict()
+    del state["negative_queue"]  # a checkpoint written by an earlier fed-auc
+    resumed = BatchStream(split, 32, seed=0)
+    resumed.load_state_dict(state)
+    assert same(take(original, 10), take(resumed, 10))
 
 
 def test_state_dict_is_a_snapshot() -> None:
@@ -166,3 +218,23 @@ def test_load_state_dict_rejects_other_split() -> None:
     state = BatchStream(make_split(100, 10), 32).state_dict()
     with pytest.raises(ValueError, match="100 rows"):
         BatchStream(make_split(50, 5), 32).load_state_dict(state)
+
+
+def test_negative_floor_defaults_for_image_files_only_and_is_checked_early() -> None:
+    assert SimulationConfig().min_neg_fraction == 0.0
+    assert SimulationConfig(data="medmnist:x.npz").min_neg_fraction == 0.25
+    assert SimulationConfig(data="medmnist:x.npz", min_neg_fraction=0.0).min_neg_fraction == 0.0
+    with pytest.raises(ValueError, match=r"min_neg_fraction must be in \[0, 1\), got 1.5"):
+        SimulationConfig(min_neg_fraction=1.5)
+    with pytest.raises(ValueError, match="floor 34 rows of a batch of 32"):
+        SimulationConfig(min_pos_fraction=0.55, min_neg_fraction=0.5)
+
+
+def test_a_node_samples_with_the_runs_negative_floor(tmp_path) -> None:
+    config = SimulationConfig(sites=2, min_neg_fraction=0.25, runs_dir=str(tmp_path))
+    federation = build_federation(config)
+    try:
+        nodes = federation.coordinator.transport.nodes.values()
+        assert [node.batches.min_negatives for node in nodes] == [8, 8]
+    finally:
+        federation.coordinator.close()

@@ -1,8 +1,10 @@
 """Seeded, resumable mini-batch stream for local training on one site's split.
 
-AUC losses need both classes in every batch (the pairwise terms vanish otherwise), and
-hospital prevalence can be a few percent, so positives are over-sampled to a floor per
-batch. Everything else is plain epoch-wise shuffling without replacement.
+AUC losses need both classes in every batch (the pairwise terms vanish otherwise). Hospital
+prevalence can be a few percent, so positives are over-sampled to a floor per batch; under
+label skew a site can also be nearly all positive (a BreastMNIST site with 124 benign images
+of 125), so negatives can have a floor too, as LibAUC's DualSampler fixes both counts.
+Everything else is plain epoch-wise shuffling without replacement.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ class BatchStream:
     Rows come from epoch-wise random permutations of the split, consumed in order, so with no
     floor every row is seen once per epoch. A row is positive when any of its labels is 1.
     When the split has both positive and negative rows, a batch that would carry fewer than
-    ceil(min_pos_fraction * batch_size) positives takes fewer rows from the permutation and
-    tops up with positives from a separate, cycling permutation of the positives; the rows it
-    did not take stay first in line for the next batch. A split smaller than batch_size spans
+    ceil(min_pos_fraction * batch_size) positives (or ceil(min_neg_fraction * batch_size)
+    negatives) takes fewer rows from the permutation and tops up with positives (negatives)
+    from a separate, cycling permutation of that class; the rows it did not take stay first
+    in line for the next batch. A split smaller than batch_size spans
     several reshuffled epochs in one batch, i.e. rows repeat (sampling with replacement).
     An ``augment`` transform (training-time augmentation) changes the images of the batches
     ``next()`` returns; ``full_pass`` and ``next_indices`` are never augmented.
@@ -38,22 +41,34 @@ class BatchStream:
         seed: int = 0,
         min_pos_fraction: float = 0.05,
         augment: Augment | None = None,
+        min_neg_fraction: float = 0.0,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
-        if not (isinstance(min_pos_fraction, (int, float)) and 0 <= min_pos_fraction < 1):
-            raise ValueError(f"min_pos_fraction = {min_pos_fraction!r}: must be in [0, 1)")
+        for name, value in (("min_pos_fraction", min_pos_fraction),
+                            ("min_neg_fraction", min_neg_fraction)):  # fmt: skip
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"{name} = {value!r}: must be in [0, 1)")
+        floors = math.ceil(min_pos_fraction * batch_size) + math.ceil(min_neg_fraction * batch_size)
+        if floors > batch_size:
+            raise ValueError(
+                f"min_pos_fraction = {min_pos_fraction!r} and min_neg_fraction = "
+                f"{min_neg_fraction!r} ask for {floors} floored rows in a batch of {batch_size}"
+            )
         if len(split) == 0:
             raise ValueError("cannot sample batches from an empty split")
         self.split = split
         self.batch_size = batch_size
         self._positive = (split.labels == 1).any(dim=1)
         self._positive_rows = torch.nonzero(self._positive).flatten()
+        self._negative_rows = torch.nonzero(~self._positive).flatten()
         has_both = 0 < len(self._positive_rows) < len(split)
         self.min_positives = math.ceil(min_pos_fraction * batch_size) if has_both else 0
+        self.min_negatives = math.ceil(min_neg_fraction * batch_size) if has_both else 0
         self._generator = torch.Generator().manual_seed(int(seed))
         self._queue = torch.empty(0, dtype=torch.long)  # rest of the current epoch(s)
         self._positive_queue = torch.empty(0, dtype=torch.long)
+        self._negative_queue = torch.empty(0, dtype=torch.long)
         self.epoch = 0  # epochs started so far
         self.augment = augment
 
@@ -85,21 +100,27 @@ class BatchStream:
         take = self._rows_to_take(self._positive[window])
         rows = self._queue[:take]
         self._queue = self._queue[take:]
-        extra = self.batch_size - take
-        if extra:
-            rows = torch.cat([rows, self._next_positives(extra)])
+        positives = int(self._positive[rows].sum())
+        extra_negatives = max(0, self.min_negatives - (take - positives))
+        extra_positives = self.batch_size - take - extra_negatives
+        if extra_positives:
+            rows = torch.cat([rows, self._next_of_class(extra_positives, positive=True)])
+        if extra_negatives:
+            rows = torch.cat([rows, self._next_of_class(extra_negatives, positive=False)])
         return rows
 
     def _rows_to_take(self, window_positive: torch.Tensor) -> int:
-        """Largest m with m + max(0, floor - positives in the first m rows) == batch_size.
+        """Largest m with m + (each class's floor shortfall in the first m rows) == batch_size.
 
-        That total grows by 0 or 1 per extra row, so the largest m meeting it is exact.
+        That total grows by 0 or 1 per extra row (a row meets at most one class's shortfall),
+        so the largest m meeting it is exact.
         """
-        if self.min_positives == 0:
+        if self.min_positives == 0 and self.min_negatives == 0:
             return self.batch_size
         m = torch.arange(self.batch_size + 1)
         positives = torch.cat([torch.zeros(1, dtype=torch.long), window_positive.cumsum(0)])
         total = m + (self.min_positives - positives).clamp(min=0)
+        total += (self.min_negatives - (m - positives)).clamp(min=0)
         return int(m[total == self.batch_size].max())
 
     def _fill_queue(self) -> None:
@@ -108,11 +129,17 @@ class BatchStream:
             self._queue = torch.cat([self._queue, epoch])
             self.epoch += 1
 
-    def _next_positives(self, count: int) -> torch.Tensor:
-        while len(self._positive_queue) < count:
-            order = torch.randperm(len(self._positive_rows), generator=self._generator)
-            self._positive_queue = torch.cat([self._positive_queue, self._positive_rows[order]])
-        rows, self._positive_queue = self._positive_queue[:count], self._positive_queue[count:]
+    def _next_of_class(self, count: int, positive: bool) -> torch.Tensor:
+        """The next ``count`` rows of one class's cycling permutation."""
+        pool = self._positive_rows if positive else self._negative_rows
+        queue = self._positive_queue if positive else self._negative_queue
+        while len(queue) < count:
+            queue = torch.cat([queue, pool[torch.randperm(len(pool), generator=self._generator)]])
+        rows, queue = queue[:count], queue[count:]
+        if positive:
+            self._positive_queue = queue
+        else:
+            self._negative_queue = queue
         return rows
 
     def state_dict(self) -> dict[str, Any]:
@@ -121,6 +148,7 @@ class BatchStream:
             "generator": self._generator.get_state(),
             "queue": self._queue.clone(),
             "positive_queue": self._positive_queue.clone(),
+            "negative_queue": self._negative_queue.clone(),
             "epoch": self.epoch,
             "num_rows": len(self.split),
         }
@@ -137,6 +165,8 @@ class BatchStream:
         self._generator.set_state(state["generator"])
         self._queue = state["queue"].clone()
         self._positive_queue = state["positive_queue"].clone()
+        # states saved before the negative floor existed have no negative queue
+        self._negative_queue = state.get("negative_queue", self._negative_queue).clone()
         self.epoch = int(state["epoch"])
         if self.augment is not None and "augment" in state:
             self.augment.load_state_dict(state["augment"])

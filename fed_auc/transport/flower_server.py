@@ -304,6 +304,7 @@ def node_setup(config: SimulationConfig, run_id: str, model_config: dict[str, An
         "loss": config.loss,
         "batch_size": config.batch_size,
         "min_pos_fraction": config.min_pos_fraction,
+        "min_neg_fraction": config.min_neg_fraction,
         "augment": config.augmentation(),
         "tta": config.test_time_augmentation(),
         "seed": config.seed,

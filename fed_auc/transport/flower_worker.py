@@ -159,6 +159,7 @@ def build_node(site: SiteConfig, setup: dict[str, Any]) -> Node:
         state_dir=site.state_dir / setup["run_id"],
         batch_size=setup["batch_size"],
         min_pos_fraction=setup["min_pos_fraction"],
+        min_neg_fraction=setup["min_neg_fraction"],
         seed=setup["seed"] * 1000 + site.index,
         privacy=_privacy(setup),
         augment=setup.get("augment", "none"),
