@@ -280,19 +280,23 @@ def markdown(results: list[dict[str, Any]], recipe: Recipe, npz: Path, elapsed_s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--npz", type=Path, required=True, help="a MedMNIST-layout binary .npz")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--npz", type=Path, default=Path("../shared/data/breastmnist.npz"),
+        help="a MedMNIST-layout binary .npz (../shared/data/breastmnist.npz)",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", help="0 1 2 (0 under --quick)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel (1)")
-    parser.add_argument("--quick", action="store_true", help="2 + 2 epochs at batch 16")
+    parser.add_argument("--quick", action="store_true", help="2 + 2 epochs at batch 16, seed 0")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--json", type=Path, help="also write every epoch's AUCs here")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     recipe = QUICK if args.quick else Recipe()
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_seed, args.npz, recipe, seed) for seed in args.seeds]
+        futures = [pool.submit(run_seed, args.npz, recipe, seed) for seed in seeds]
         results = [f.result() for f in futures]
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))

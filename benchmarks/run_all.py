@@ -49,6 +49,7 @@ BENCHMARKS = (
     Benchmark("flower_overhead", "flower_overhead.py"),
     Benchmark("partial_and_personal", "partial_and_personal.py", ("memory", "partial", "personal")),
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
+    Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
     Benchmark("reliability", "reliability.py"),
 )
 
