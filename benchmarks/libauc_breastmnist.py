@@ -213,7 +213,9 @@ def run_seed(npz: Path, recipe: Recipe, seed: int) -> dict[str, Any]:
     head = {"classifier"}  # LibAUC's pretrained loader skips fc / linear / classifier / head
     pretrained = {k: v for k, v in model.state_dict().items() if not head & set(k.split("."))}
     model = densenet()
-    model.load_state_dict(pretrained, strict=False)
+    missing, unexpected = model.load_state_dict(pretrained, strict=False)
+    if unexpected or any(not head & set(k.split(".")) for k in missing):
+        raise RuntimeError(f"phase-1 weights did not fit: missing {missing}, extra {unexpected}")
     aucm = parts.AUCMLoss(margin=recipe.margin, device=cpu)
     pesg = parts.PESG(
         model.parameters(),
