@@ -509,8 +509,13 @@ def resume_simulation(
             raise ValueError(f"no run {run_id!r} in {store.path}") from None
     if run["status"] == "completed":
         raise ValueError(f"run {run_id!r} already completed: nothing to resume")
-    config = SimulationConfig(**{**run["config"], "runs_dir": str(runs_dir)})
-    return _complete(build_federation(config, run_id=run_id), on_round)
+    return _complete(build_federation(recorded_config(run["config"], runs_dir), run_id), on_round)
+
+
+def recorded_config(recorded: dict[str, Any], runs_dir: str | Path) -> SimulationConfig:
+    """The config a run was recorded with; options added to fed-auc since then take the value
+    that reproduces how it trained (a run recorded before the negative floor had none)."""
+    return SimulationConfig(**{"min_neg_fraction": 0.0, **recorded, "runs_dir": str(runs_dir)})
 
 
 def rounds_left(runs_dir: str | Path, run_id: str) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from fed_auc.data.base import Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.simulation import SimulationConfig, build_federation
+from fed_auc.simulation import SimulationConfig, build_federation, recorded_config
 
 
 def make_split(n: int, positives: int, num_labels: int = 1, size: int = 4) -> Split:
@@ -238,3 +238,10 @@ def test_a_node_samples_with_the_runs_negative_floor(tmp_path) -> None:
         assert [node.batches.min_negatives for node in nodes] == [8, 8]
     finally:
         federation.coordinator.close()
+
+
+def test_a_run_recorded_before_the_negative_floor_resumes_without_one(tmp_path) -> None:
+    recorded = SimulationConfig(data="medmnist:x.npz").to_dict()
+    assert recorded_config(recorded, tmp_path).min_neg_fraction == 0.25
+    del recorded["min_neg_fraction"]  # a run recorded by an earlier fed-auc
+    assert recorded_config(recorded, tmp_path).min_neg_fraction == 0.0

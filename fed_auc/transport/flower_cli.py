@@ -78,7 +78,7 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
 
 def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
     """The recorded experiment of an interrupted Flower run, to continue it."""
-    from fed_auc.simulation import SimulationConfig
+    from fed_auc.simulation import recorded_config
     from fed_auc.store import STORE_FILE, RunStore
 
     if not (runs_dir / STORE_FILE).is_file():
@@ -97,7 +97,7 @@ def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
     if run["status"] == "completed":
         raise SystemExit(f"fed-auc coordinator --resume: run {run_id!r} already completed")
     flower = record.pop("flower")
-    config = SimulationConfig(**{**record, "runs_dir": str(runs_dir.resolve())})
+    config = recorded_config(record, runs_dir.resolve())
     return {"simulation": config.to_dict(), "flower": flower, "resume": run_id}
 
 
