@@ -108,13 +108,19 @@ def libauc_parts() -> types.SimpleNamespace:
     )
     densenet = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(densenet)
-    if "torchvision" not in sys.modules:
+    from libauc.losses import AUCMLoss
+    from libauc.optimizers import PESG, Adam
+
+    stubbed = "torchvision" not in sys.modules
+    if stubbed:  # only for this import: MONAI's optional imports must not find a fake one
         stub = types.ModuleType("torchvision")
         stub.datasets = types.SimpleNamespace(ImageFolder=type("ImageFolder", (), {}))
         sys.modules["torchvision"] = stub
-    from libauc.losses import AUCMLoss
-    from libauc.optimizers import PESG, Adam
-    from libauc.sampler import DualSampler
+    try:
+        from libauc.sampler import DualSampler
+    finally:
+        if stubbed:
+            del sys.modules["torchvision"]
 
     return types.SimpleNamespace(
         densenet121=densenet.densenet121,

@@ -69,3 +69,4 @@ def test_one_seed_trains_both_phases_and_reports_the_best_validation_epoch(
     assert result["last_test_auc"] == log[-1]["test_auc"]
     assert all(0 <= e["test_auc"] <= 1 for e in log) and result["seconds"] > 0
     assert json.loads(json.dumps(result)) == result  # what --json writes
+    assert "torchvision" not in sys.modules  # the import stub did not outlive the import

@@ -28,8 +28,8 @@ class BatchStream:
     ceil(min_pos_fraction * batch_size) positives (or ceil(min_neg_fraction * batch_size)
     negatives) takes fewer rows from the permutation and tops up with positives (negatives)
     from a separate, cycling permutation of that class; the rows it did not take stay first
-    in line for the next batch. A split smaller than batch_size spans
-    several reshuffled epochs in one batch, i.e. rows repeat (sampling with replacement).
+    in line for the next batch. A split smaller than batch_size spans several reshuffled
+    epochs in one batch, i.e. rows repeat (sampling with replacement).
     An ``augment`` transform (training-time augmentation) changes the images of the batches
     ``next()`` returns; ``full_pass`` and ``next_indices`` are never augmented.
     """
