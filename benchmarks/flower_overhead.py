@@ -36,8 +36,8 @@ import torch
 from fed_auc.node import Node
 from fed_auc.simulation import SimulationConfig, run_simulation
 from fed_auc.store import RunStore
-from fed_auc.transport.flower_codec import PER_TENSOR_ENV
-from fed_auc.transport.flower_launch import free_port
+from fed_auc.transport.flower.codec import PER_TENSOR_ENV
+from fed_auc.transport.flower.launch import free_port
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
@@ -45,8 +45,8 @@ SITES = ["st_elsewhere", "county_general", "mercy_rural"]
 
 def serve_node(site_toml: str, coordinator: str, timings: str) -> None:
     """``fed-auc node --insecure``, with the worker's compute per request appended to a file."""
-    from fed_auc.transport.flower_launch import run_node
-    from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
+    from fed_auc.transport.flower.launch import run_node
+    from fed_auc.transport.flower.worker import NodeWorker, SiteConfig
 
     original = NodeWorker.handle
 

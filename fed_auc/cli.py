@@ -14,7 +14,7 @@ from typing import Any
 
 from fed_auc.simulation import SimulationConfig
 from fed_auc.threads import apply_threads, parse_threads
-from fed_auc.transport import flower_cli
+from fed_auc.transport.flower import cli as flower_cli
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 

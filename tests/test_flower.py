@@ -19,9 +19,9 @@ from fed_auc.io import load_state
 from fed_auc.metrics import AUCResult
 from fed_auc.node import Evaluation, SplitEvaluation
 from fed_auc.simulation import SimulationConfig
-from fed_auc.transport.flower_certs import make_certs
-from fed_auc.transport.flower_cli import load_experiment
-from fed_auc.transport.flower_codec import (
+from fed_auc.transport.flower.certs import make_certs
+from fed_auc.transport.flower.cli import load_experiment
+from fed_auc.transport.flower.codec import (
     PER_TENSOR_ENV,
     TensorCache,
     broadcast_frame,
@@ -35,7 +35,7 @@ from fed_auc.transport.flower_codec import (
     reply_frame,
     tensor_frame,
 )
-from fed_auc.transport.flower_worker import NodeWorker, SiteConfig, build_node
+from fed_auc.transport.flower.worker import NodeWorker, SiteConfig, build_node
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
@@ -173,7 +173,7 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     from fed_auc.losses import build_loss
     from fed_auc.models import build_model
     from fed_auc.trainable import Trainable
-    from fed_auc.transport.flower_server import node_setup
+    from fed_auc.transport.flower.server import node_setup
 
     config = SimulationConfig(**SMALL)
     torch.manual_seed(config.seed)
@@ -308,7 +308,7 @@ def test_the_supernode_entry_caps_flowers_idle_sleeps():
 
     from flwr.supernode import start_client_internal
 
-    from fed_auc.transport import flower_supernode
+    from fed_auc.transport.flower import supernode as flower_supernode
 
     assert "time.sleep(3)" in inspect.getsource(start_client_internal)  # what the cap is for
     assert start_client_internal.time.monotonic is time.monotonic  # the rest is the real module
@@ -324,7 +324,7 @@ def test_flower_object_pulls_retry_within_a_quarter_second():
     from flwr.supercore import constant
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError, pull_objects
 
-    from fed_auc.transport import flower_backoff
+    from fed_auc.transport.flower import backoff as flower_backoff
 
     assert constant.PULL_INITIAL_BACKOFF >= 1  # what the shortening is for
     flower_backoff.shorten()

@@ -26,8 +26,8 @@ from fed_auc.io import load_state, load_torch
 from fed_auc.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
 from fed_auc.simulation import SimulationConfig, run_simulation
 from fed_auc.store import RunStore
-from fed_auc.transport.flower_certs import make_certs
-from fed_auc.transport.flower_launch import free_port
+from fed_auc.transport.flower.certs import make_certs
+from fed_auc.transport.flower.launch import free_port
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]

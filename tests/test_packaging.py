@@ -35,7 +35,7 @@ def test_constraints_pin_the_cpu_torch():
 def test_shipped_configs_are_valid(path):
     data = tomllib.loads(path.read_text())
     if "flower" in data:  # an experiment for `fed-auc coordinator`
-        from fed_auc.transport.flower_cli import load_experiment
+        from fed_auc.transport.flower.cli import load_experiment
 
         load_experiment(path, {})
     else:

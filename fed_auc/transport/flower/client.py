@@ -3,11 +3,11 @@
 A message is a JSON header (a ``ConfigRecord``) plus the codec's raw byte buffers (an
 ``ArrayRecord`` of opaque ``uint8`` arrays, which nothing on the way converts or copies).
 
-``fed-auc node`` answers its messages itself, in its long-lived worker (``flower_executor``):
+``fed-auc node`` answers its messages itself, in its long-lived worker (``flower.executor``):
 the ClientApp of the Flower app the coordinator submits never runs on a fed-auc node. It
 exists because a Flower app must name one; on a plain ``flower-supernode`` it refuses.
 
-The Flower app that ships this module imports it by file (see ``flower_launch``), so it
+The Flower app that ships this module imports it by file (see ``flower.launch``), so it
 must not import anything from ``fed_auc``.
 """
 

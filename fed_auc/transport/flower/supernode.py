@@ -1,11 +1,11 @@
-"""``flower-supernode`` with a short idle poll: ``python -m fed_auc.transport.flower_supernode``.
+"""``flower-supernode`` with a short idle poll: ``python -m fed_auc.transport.flower.supernode``.
 
 Flower 1.41's SuperNode sleeps 3 s whenever the SuperLink has no message for it, and 0.5 s
 between checks for its ClientApp's reply (both hard-coded in
 ``flwr.supernode.start_client_internal``). A round sends each node a training and an
 evaluation message, each usually arriving while the node sleeps: up to 6 s per round of
 waiting for nothing. This entry point caps those sleeps at ``POLL_S``, shortens the waits
-between object pulls (``flower_backoff``) and is otherwise Flower's own ``flower-supernode``,
+between object pulls (``flower.backoff``) and is otherwise Flower's own ``flower-supernode``,
 with the same arguments.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from flwr.supernode import start_client_internal
 from flwr.supernode.cli.flower_supernode import flower_supernode
 
-from fed_auc.transport import flower_backoff
+from fed_auc.transport.flower import backoff
 
 POLL_S = 0.1  # a pull every 0.1 s when idle: a small HTTP request, cheap for the SuperLink
 
@@ -34,7 +34,7 @@ class _ShortSleeps:
 
 
 start_client_internal.time = _ShortSleeps()  # type: ignore[assignment]
-flower_backoff.shorten()  # and its pulls from the SuperLink retry within tenths of a second
+backoff.shorten()  # and its pulls from the SuperLink retry within tenths of a second
 
 if __name__ == "__main__":
     flower_supernode()

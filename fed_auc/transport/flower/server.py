@@ -36,10 +36,10 @@ from fed_auc.simulation import (
 )
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Tensors, Trainable
-from fed_auc.transport import flower_backoff
 from fed_auc.transport.base import NodeFailure
-from fed_auc.transport.flower_client import frame_content, message_frame
-from fed_auc.transport.flower_codec import (
+from fed_auc.transport.flower import backoff
+from fed_auc.transport.flower.client import frame_content, message_frame
+from fed_auc.transport.flower.codec import (
     Frame,
     broadcast_frame,
     frame_evaluation,
@@ -334,7 +334,7 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """Read the experiment file ``fed-auc coordinator`` wrote, run it, leave the summary."""
-    flower_backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
+    backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
     path = Path(str(context.run_config["experiment-file"]))
     experiment = json.loads(path.read_text())
     summary = run_experiment(grid, experiment, log=lambda line: print(line, flush=True))

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fed_auc.transport import flower_client
-from fed_auc.transport.flower_executor import serve_tasks
-from fed_auc.transport.flower_server import FlowerSettings
-from fed_auc.transport.flower_worker import NodeWorker, SiteConfig
+from fed_auc.transport.flower import client
+from fed_auc.transport.flower.executor import serve_tasks
+from fed_auc.transport.flower.server import FlowerSettings
+from fed_auc.transport.flower.worker import NodeWorker, SiteConfig
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
@@ -56,8 +56,8 @@ experiment-file = ""
 """
 
 SERVER_MODULE = (
-    '"""fed-auc ServerApp (the coordinator): see fed_auc.transport.flower_server."""\n'
-    "import fed_auc.transport.flower_server as _server\n\n"
+    '"""fed-auc ServerApp (the coordinator): see fed_auc.transport.flower.server."""\n'
+    "import fed_auc.transport.flower.server as _server\n\n"
     "server_app = _server.server_app\n"
 )
 
@@ -78,7 +78,7 @@ def write_app(app_dir: Path) -> Path:
     """The Flower app: its pyproject, the thin ClientApp (stdlib + Flower) and the ServerApp."""
     app_dir.mkdir(parents=True, exist_ok=True)
     (app_dir / "pyproject.toml").write_text(APP_PYPROJECT)
-    shutil.copyfile(flower_client.__file__, app_dir / "fedauc_client.py")
+    shutil.copyfile(client.__file__, app_dir / "fedauc_client.py")
     (app_dir / "fedauc_server.py").write_text(SERVER_MODULE)
     return app_dir
 
@@ -218,13 +218,13 @@ def run_node(
     """Serve the site until stopped (SIGTERM / Ctrl-C); the SuperNode is restarted if it exits.
 
     The SuperNode runs with ``--isolation process`` and this process, where the worker keeps
-    data and model warm, executes its ClientApp tasks (``flower_executor``).
+    data and model warm, executes its ClientApp tasks (``flower.executor``).
     """
     state_dir = site.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     worker = NodeWorker(site)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
-    command = [sys.executable, "-m", "fed_auc.transport.flower_supernode"]
+    command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
     command += ["--superlink", coordinator, "--isolation", "process", "--port", str(port)]
     if root_certificates is None:
         command.append("--insecure")

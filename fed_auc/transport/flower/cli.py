@@ -39,7 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The simulate options plus a ``[flower]`` table, validated before anything starts."""
     from fed_auc.simulation import SimulationConfig
-    from fed_auc.transport.flower_server import FlowerSettings
+    from fed_auc.transport.flower.server import FlowerSettings
 
     try:
         data = tomllib.loads(path.read_text())
@@ -102,7 +102,7 @@ def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
 
 
 def coordinator(args: argparse.Namespace) -> dict[str, Any]:
-    from fed_auc.transport.flower_launch import run_coordinator
+    from fed_auc.transport.flower.launch import run_coordinator
 
     if (args.config is None) == (args.resume is None):
         raise SystemExit("fed-auc coordinator: give --config (a new run) or --resume RUN_ID")
@@ -124,8 +124,8 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def node(args: argparse.Namespace) -> int:
-    from fed_auc.transport.flower_launch import run_node
-    from fed_auc.transport.flower_worker import SiteConfig
+    from fed_auc.transport.flower.launch import run_node
+    from fed_auc.transport.flower.worker import SiteConfig
 
     if not args.insecure and (args.root_certificates is None or args.auth_key is None):
         raise SystemExit(
@@ -144,7 +144,7 @@ def node(args: argparse.Namespace) -> int:
 
 
 def certs(args: argparse.Namespace) -> None:
-    from fed_auc.transport.flower_certs import make_certs
+    from fed_auc.transport.flower.certs import make_certs
 
     out = make_certs(args.out, args.site, args.host)
     print(f"CA, server certificate and keys for {args.site} in {out}")

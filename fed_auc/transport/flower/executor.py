@@ -29,8 +29,8 @@ from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-from fed_auc.transport import flower_backoff
-from fed_auc.transport.flower_client import frame_content, message_frame
+from fed_auc.transport.flower import backoff
+from fed_auc.transport.flower.client import frame_content, message_frame
 
 log = logging.getLogger("fed_auc.node")
 
@@ -93,7 +93,7 @@ def run_task(address: str, token: str, handle: Handler, site: str) -> None:
 
 def serve_tasks(address: str, handle: Handler, site: str, stop: threading.Event) -> None:
     """Take ClientApp tasks from the SuperNode at ``address`` until ``stop`` is set."""
-    flower_backoff.shorten()  # a task's message is pulled while the SuperNode still receives it
+    backoff.shorten()  # a task's message is pulled while the SuperNode still receives it
     client = RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=True,

@@ -1,6 +1,6 @@
 """The long-lived node worker behind ``fed-auc node``: data, model and local state stay warm.
 
-``fed-auc node`` runs Flower's ClientApp tasks in this process (``flower_executor``) and
+``fed-auc node`` runs Flower's ClientApp tasks in this process (``flower.executor``) and
 hands each message to ``NodeWorker.handle``. The worker builds the site's ``Node`` once per
 federated run, from the run's setup (algorithm, hyperparameters, model, seed) that every
 request carries, and keeps it between messages; the node's local state lives under
@@ -29,7 +29,7 @@ from fed_auc.data.synthetic import (
 from fed_auc.node import Node
 from fed_auc.privacy import Privacy
 from fed_auc.simulation import site_summary
-from fed_auc.transport.flower_codec import (
+from fed_auc.transport.flower.codec import (
     Frame,
     TensorCache,
     evaluation_frame,
