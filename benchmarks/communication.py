@@ -46,13 +46,14 @@ def final_auc(
     """Pooled test AUC after T = ``steps`` local steps per site in rounds of I = ``window``."""
     import torch
 
-    from fed_auc.simulation import SimulationConfig, run_simulation
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.simulation import run_simulation
 
     torch.set_num_threads(1)
     rounds = steps // window
     with tempfile.TemporaryDirectory() as runs_dir:
         summary = run_simulation(
-            SimulationConfig(
+            ExperimentConfig(
                 algorithm=algorithm,
                 sites=sites,
                 partition="imratio:" + ",".join([str(imratio)] * sites),

@@ -19,7 +19,8 @@ from typing import Any
 from fragment import emit, provenance
 
 from fed_auc.algorithms import ALGORITHMS
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.experiment import ExperimentConfig
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 
 ORDER = (
@@ -38,7 +39,7 @@ def run(algorithm: str, **options: Any) -> dict[str, float]:
     """One backend's run: final/best pooled AUC, worst site, MB moved, AUC gain per MB."""
     with tempfile.TemporaryDirectory() as runs_dir:
         summary = run_simulation(
-            SimulationConfig(algorithm=algorithm, runs_dir=runs_dir, **options)
+            ExperimentConfig(algorithm=algorithm, runs_dir=runs_dir, **options)
         )
         with RunStore(runs_dir) as store:
             rounds = store.rounds(summary["run_id"])

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from fed_auc.transport.flower.codec import PER_TENSOR_ENV
 from fed_auc.transport.flower.launch import free_port
@@ -120,7 +121,7 @@ def in_process(options: dict, work: Path) -> list[dict]:
 
     Node.train, Node.evaluate = timed_train, timed_evaluate
     try:
-        run_simulation(SimulationConfig(runs_dir=str(work / "runs"), **options))
+        run_simulation(ExperimentConfig(runs_dir=str(work / "runs"), **options))
     finally:
         Node.train, Node.evaluate = train, evaluate
     return _rounds(round_rows(work / "runs"), compute_per_round(events))

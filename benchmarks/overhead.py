@@ -28,15 +28,16 @@ import torch
 from fragment import emit, provenance
 
 from fed_auc.data.sampling import BatchStream
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.simulation import SimulationConfig, build_federation
+from fed_auc.simulation import build_federation
 
 
 class PlainLoop:
     """The baseline: what one would write by hand to train this model with this loss."""
 
-    def __init__(self, config: SimulationConfig, split, pos_ratio: list[float]) -> None:
+    def __init__(self, config: ExperimentConfig, split, pos_ratio: list[float]) -> None:
         self.model = build_model(config.model, num_labels=config.num_labels)
         self.loss = build_loss(config.loss, config.num_labels, pos_ratio)
         self.clip = config.grad_clip
@@ -77,7 +78,7 @@ ROWS = (
 )
 
 
-def measure(config: SimulationConfig, rounds: int) -> dict[str, Any]:
+def measure(config: ExperimentConfig, rounds: int) -> dict[str, Any]:
     """Median ms per step of both sides and the median of per-round ratios (and its range)."""
     fed = build_federation(config)
     coordinator = fed.coordinator
@@ -108,7 +109,7 @@ def measure(config: SimulationConfig, rounds: int) -> dict[str, Any]:
     }
 
 
-def table_row(config: SimulationConfig, rounds: int, result: dict[str, Any]) -> str:
+def table_row(config: ExperimentConfig, rounds: int, result: dict[str, Any]) -> str:
     return (
         f"| {config.algorithm} | {config.model} @ {config.image_size} px | {rounds} rounds, "
         f"{config.sites} × {config.local_steps} steps, batch {config.batch_size} "
@@ -127,7 +128,7 @@ def run(rows: tuple[Row, ...], quick: bool, runs_dir: str, **fixed) -> str:
     """Measure every row, side by side in this process; the Markdown table."""
     lines = [HEADER]
     for i, row in enumerate(rows):
-        config = SimulationConfig(
+        config = ExperimentConfig(
             algorithm=row.algorithm,
             model=row.model,
             image_size=(row.quick_image_size or row.image_size) if quick else row.image_size,

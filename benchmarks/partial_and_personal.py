@@ -30,8 +30,9 @@ from typing import Any
 from fragment import emit, provenance
 
 import fed_auc.coordinator as coordinator_module
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.partial import memory_table
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 
 MEMORY_CASES = [("densenet121", 32), ("densenet121", 64), ("tiny", 28)]
 QUICK_MEMORY_CASES = [("densenet121", 32), ("tiny", 28)]
@@ -67,7 +68,7 @@ def _run(excluded: Sequence[str] = (), **options: Any) -> dict[str, Any]:
     coordinator_module.sample_sites = without
     try:
         with tempfile.TemporaryDirectory() as runs:
-            return run_simulation(SimulationConfig(runs_dir=runs, **options))
+            return run_simulation(ExperimentConfig(runs_dir=runs, **options))
     finally:
         coordinator_module.sample_sites = sample
 

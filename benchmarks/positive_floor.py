@@ -27,11 +27,12 @@ DEFAULT_FLOOR = 0.05
 def final_aucs(floor: float, rounds: int, seed: int, **options) -> tuple[float, float]:
     """Pooled and worst-site test AUC after the last round of the demo with this floor."""
     from fed_auc.cli import DEMO
-    from fed_auc.simulation import SimulationConfig, run_simulation
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.simulation import run_simulation
 
     config = {**DEMO, "rounds": rounds, "seed": seed, "min_pos_fraction": floor, **options}
     with tempfile.TemporaryDirectory() as runs_dir:
-        summary = run_simulation(SimulationConfig(runs_dir=runs_dir, **config))
+        summary = run_simulation(ExperimentConfig(runs_dir=runs_dir, **config))
     return summary["global_auc"][-1], summary["worst_site_auc"][-1]
 
 

@@ -36,9 +36,10 @@ from fed_auc.algorithms.base import Reply
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.synthetic import DEFAULT_PROFILES
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import CorruptState, load_state, load_torch, save_state
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore, StoreError
 
 DP_ROUNDS = 15
@@ -66,7 +67,7 @@ def final_tensors(summary: dict) -> dict[str, torch.Tensor]:
 
 def crash_and_resume(kills: int, workdir: Path, small: dict = SMALL) -> dict:
     """Kill a CLI run with SIGKILL after a random delay, resume it, compare with a clean run."""
-    reference = run_simulation(SimulationConfig(runs_dir=str(workdir / "clean"), **small))
+    reference = run_simulation(ExperimentConfig(runs_dir=str(workdir / "clean"), **small))
     clean = final_tensors(reference)
     rng = random.Random(0)
     out = {"injected": 0, "not_injected": 0, "completed": 0, "lost": 0, "duplicated": 0}
@@ -129,7 +130,7 @@ def with_node_behaviour(behaviour: Callable, runs: Path, small: dict = SMALL, **
 
     Node.train = train
     try:
-        return run_simulation(SimulationConfig(runs_dir=str(runs), **{**small, **changes}))
+        return run_simulation(ExperimentConfig(runs_dir=str(runs), **{**small, **changes}))
     finally:
         Node.train = original
 
@@ -231,7 +232,7 @@ def bad_inputs(workdir: Path) -> dict[str, list[int]]:
         ({"max_update_norm": 0}, "max_update_norm"),
     ]
     for values, field in config_cases:
-        expect("config", lambda v=values: SimulationConfig(**v), (ValueError, TypeError), field)
+        expect("config", lambda v=values: ExperimentConfig(**v), (ValueError, TypeError), field)
 
     toml = workdir / "bad.toml"
     for text in ("rounds = [", "rounds = 'many'", "colour = 1"):
@@ -323,7 +324,7 @@ def dp_cost(workdir: Path, rounds: int = DP_ROUNDS) -> list[dict]:
     rows = []
     base = {"sites": 4, "rounds": rounds, "local_steps": 8, "seed": 0, "select": "last"}
     for clip, noise in [(None, 0.0), (1.0, 0.0), (1.0, 0.01), (1.0, 0.05)]:
-        config = SimulationConfig(
+        config = ExperimentConfig(
             runs_dir=str(workdir / f"dp{clip}-{noise}"), dp_clip=clip, dp_noise=noise, **base
         )
         summary = run_simulation(config)

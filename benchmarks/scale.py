@@ -48,9 +48,10 @@ def measure(
     """One federation in this process: per-round training time, peak RSS, data and state."""
     import torch
 
-    from fed_auc.simulation import SimulationConfig, build_federation
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.simulation import build_federation
 
-    config = SimulationConfig(
+    config = ExperimentConfig(
         model=model,
         image_size=MODELS[model],
         sites=sites,

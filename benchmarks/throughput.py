@@ -31,8 +31,8 @@ from machine import describe
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.synthetic import SiteProfile, make_site
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import PlainLoop  # noqa: E402
@@ -84,7 +84,7 @@ def node_vs_plain(
     model: str, size: int, batch: int, steps: int, rounds: int, seed: int = 0
 ) -> dict:
     """Images/s of a node (codasca) and the plain loop, alternating, one warm-up round each."""
-    config = SimulationConfig(
+    config = ExperimentConfig(
         model=model, image_size=size, batch_size=batch, local_steps=steps,
         loss="auc_margin", seed=seed,
     )  # fmt: skip
@@ -121,7 +121,7 @@ def plain_rate(
     model: str, size: int, batch: int, steps: int, channels_last: bool, compile_: bool
 ) -> dict:
     """Images/s of the plain loop in this process (one warm-up step, then ``steps`` timed)."""
-    config = SimulationConfig(model=model, image_size=size, batch_size=batch, loss="auc_margin")
+    config = ExperimentConfig(model=model, image_size=size, batch_size=batch, loss="auc_margin")
     site = make_site(SiteProfile("bench", max(2 * batch, 16), 2, 2, 0.2), image_size=size)
     plain = PlainLoop(config, site.train, [0.2])
     if channels_last:

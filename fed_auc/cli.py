@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fed_auc.simulation import SimulationConfig
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.threads import apply_threads, parse_threads
 from fed_auc.transport.flower import cli as flower_cli
 
@@ -28,6 +28,16 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "fed_norm_sgda_plus, fedsgda_mb, fedsgda_storm",
     )
     p.add_argument("--sites", type=int, help="number of synthetic hospital sites (default 4)")
+    p.add_argument(
+        "--site",
+        action="append",
+        type=str,
+        dest="site_files",
+        metavar="FILE",
+        help="a site file (repeatable): run exactly these hospitals, each with its own data, as "
+        "`fed-auc node --site FILE` serves it over Flower",
+    )
+    p.add_argument("--sites-dir", type=Path, help="every *.toml site file of this folder")
     p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
     p.add_argument("--local-steps", type=int, help="local steps I per round (default 8)")
     p.add_argument(
@@ -198,19 +208,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> SimulationConfig:
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     """Defaults, then the TOML file, then the flags given on the command line."""
-    fields = {f.name for f in dataclasses.fields(SimulationConfig)}
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     values: dict[str, Any] = {}
     if args.config is not None:
         values.update(read_config_file(args.config, fields))
     values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    if args.sites_dir is not None:
+        from fed_auc.site import site_files_in
+
+        try:
+            found = [str(p) for p in site_files_in(args.sites_dir)]
+        except ValueError as exc:
+            raise SystemExit(f"fed-auc simulate: --sites-dir: {exc}") from None
+        values["site_files"] = [*values.get("site_files", []), *found]
+    if values.get("site_files") and args.sites is not None:
+        raise SystemExit("fed-auc simulate: give --sites or site files (--site/--sites-dir)")
     if args.backend_option:
         options = dict(values.get("backend_options", {}))
         options.update(parse_backend_option(text) for text in args.backend_option)
         values["backend_options"] = options
     try:
-        return SimulationConfig(**values)
+        return ExperimentConfig(**values)
     except (TypeError, ValueError) as exc:
         source = f" (config {args.config})" if args.config else ""
         raise SystemExit(f"fed-auc simulate: invalid option{source}: {exc}") from None
@@ -242,7 +262,7 @@ def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
 
 
 def simulate(
-    config: SimulationConfig | None,
+    config: ExperimentConfig | None,
     as_json: bool,
     register: str | None = None,
     models_dir: str = "models",
@@ -469,6 +489,9 @@ def _threads_arg(value: str) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # One line per round as it happens, also when the output is a file or a pipe.
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     apply_threads(args.threads)
     if args.command == "simulate" and args.resume is not None:
@@ -476,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "simulate":
         simulate(config_from_args(args), args.json, args.register, args.models_dir)
     elif args.command == "demo":
-        config = SimulationConfig(runs_dir=args.runs_dir, **DEMO)
+        config = ExperimentConfig(runs_dir=args.runs_dir, **DEMO)
         simulate(config, args.json)
         if not args.json:
             print(
@@ -489,7 +512,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "dashboard":
         return dashboard(args.runs_dir, args.port, args.host)
     elif args.command == "coordinator":
-        flower_cli.coordinator(args)
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
+        try:
+            flower_cli.coordinator(args)
+        except KeyboardInterrupt:
+            print("fed-auc coordinator: stopped; the run is marked failed (resumable)")
+            return 130
     elif args.command == "node":
         return flower_cli.node(args)
     elif args.command == "certs":

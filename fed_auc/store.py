@@ -201,6 +201,14 @@ class RunStore:
             )
         return run_id
 
+    def update_config(self, run_id: str, config: Mapping[str, Any]) -> None:
+        """Record the run's config once settled (a Flower run fills data-dependent defaults
+        after its nodes register)."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE runs SET config = ? WHERE id = ?", (json.dumps(config), run_id)
+            )
+
     def record_sites(self, run_id: str, summaries: Mapping[str, Mapping[str, Any]]) -> None:
         with self._transaction():
             self._conn.executemany(

@@ -9,8 +9,8 @@ from fed_auc.algorithms import build_backend
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig
 from tests.test_sampling import make_split
 
 
@@ -24,7 +24,7 @@ def test_unknown_mode_is_named() -> None:
     with pytest.raises(ValueError, match="augment must be one of .* got 'rotate'"):
         Augment("rotate")
     with pytest.raises(ValueError, match="augment must be one of"):
-        SimulationConfig(augment="rotate")
+        ExperimentConfig(augment="rotate")
 
 
 @pytest.mark.parametrize("mode", ["flip", "crop_flip"])
@@ -98,9 +98,9 @@ def test_stream_resumes_the_augmentation_exactly() -> None:
 
 
 def test_default_is_flip_for_files_and_none_for_synthetic() -> None:
-    assert SimulationConfig().augmentation() == "none"
-    assert SimulationConfig(data="medmnist:x.npz").augmentation() == "flip"
-    assert SimulationConfig(data="csv:x.csv", augment="crop_flip").augmentation() == "crop_flip"
+    assert ExperimentConfig().augmentation() == "none"
+    assert ExperimentConfig(data="medmnist:x.npz").augmentation() == "flip"
+    assert ExperimentConfig(data="csv:x.csv", augment="crop_flip").augmentation() == "crop_flip"
 
 
 def test_node_trains_on_augmented_batches_but_evaluates_the_stored_images(tmp_path) -> None:

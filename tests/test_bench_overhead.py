@@ -9,13 +9,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import overhead  # noqa: E402
 
-from fed_auc.simulation import SimulationConfig  # noqa: E402
+from fed_auc.experiment import ExperimentConfig  # noqa: E402
 
 TOY = {"local_steps": 2, "batch_size": 8, "data_scale": 0.2}
 
 
 def test_toy_measure_ratio_is_its_parts(tmp_path):
-    config = SimulationConfig(model="tiny", image_size=16, sites=2, runs_dir=str(tmp_path), **TOY)
+    config = ExperimentConfig(model="tiny", image_size=16, sites=2, runs_dir=str(tmp_path), **TOY)
     result = overhead.measure(config, rounds=3)
     ratios = result["ratios"]
     assert len(ratios) == 3 and all(r > 0 for r in ratios)

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.roc import MAX_POINTS, operating_point, per_label_roc, roc_points
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 
 
@@ -64,7 +65,7 @@ def test_roc_is_undefined_with_one_class_and_ignores_unknown_labels():
 
 
 def test_a_simulated_round_stores_each_sites_roc_consistent_with_its_auc(tmp_path):
-    config = SimulationConfig(
+    config = ExperimentConfig(
         runs_dir=str(tmp_path), sites=2, rounds=1, local_steps=1, batch_size=8, data_scale=0.15
     )
     summary = run_simulation(config)

@@ -7,15 +7,16 @@ import json
 import pytest
 
 from fed_auc.data.partition import MANIFEST_FORMAT
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_torch
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from tests.data_files import write_npz
 
 
 def test_medmnist_federation_with_warmup_exports_the_best_validation_round(tmp_path):
     npz = write_npz(tmp_path / "m.npz", n=(120, 40, 40))
-    config = SimulationConfig(
+    config = ExperimentConfig(
         data=f"medmnist:{npz}",
         partition="dirichlet:1.0",
         sites=3,
@@ -54,8 +55,8 @@ def test_warmup_moves_the_starting_model(tmp_path):
     npz = write_npz(tmp_path / "m.npz", signal=15)  # hard: AUC well below 1 at the start
     common = dict(data=f"medmnist:{npz}", sites=2, rounds=1, local_steps=1, batch_size=8)
     common.update(image_size=16, select="last")
-    cold = run_simulation(SimulationConfig(runs_dir=str(tmp_path / "a"), **common))
-    warm = run_simulation(SimulationConfig(runs_dir=str(tmp_path / "b"), warmup_rounds=1, **common))
+    cold = run_simulation(ExperimentConfig(runs_dir=str(tmp_path / "a"), **common))
+    warm = run_simulation(ExperimentConfig(runs_dir=str(tmp_path / "b"), warmup_rounds=1, **common))
     assert cold["global_auc"][0] != warm["global_auc"][0]  # round 0 = the warmed-up model
 
 
@@ -71,4 +72,4 @@ def test_warmup_moves_the_starting_model(tmp_path):
 )
 def test_bad_data_options_are_named(changes, message):
     with pytest.raises(ValueError, match=message):
-        SimulationConfig(**changes)
+        ExperimentConfig(**changes)

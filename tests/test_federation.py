@@ -8,16 +8,17 @@ import pytest
 import torch
 
 from fed_auc.cli import main
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.models import model_from_config
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
 
 
 def _simulate(tmp_path, **changes) -> dict:
-    return run_simulation(SimulationConfig(runs_dir=str(tmp_path), **{**SMALL, **changes}))
+    return run_simulation(ExperimentConfig(runs_dir=str(tmp_path), **{**SMALL, **changes}))
 
 
 def test_codasca_run_records_every_round_and_site_and_exports_the_model(tmp_path):
@@ -202,18 +203,18 @@ def test_byte_counters_equal_the_bytes_of_the_tensors_sent(tmp_path, monkeypatch
 
 def test_local_steps_options_are_validated():
     with pytest.raises(ValueError, match="MIN:MAX"):
-        SimulationConfig(local_steps_range="3-20")
+        ExperimentConfig(local_steps_range="3-20")
     with pytest.raises(ValueError, match="1 ≤ MIN ≤ MAX"):
-        SimulationConfig(local_steps_range="5:2")
+        ExperimentConfig(local_steps_range="5:2")
     with pytest.raises(ValueError, match="one value per site"):
-        SimulationConfig(sites=3, site_local_steps=[2, 5])
+        ExperimentConfig(sites=3, site_local_steps=[2, 5])
 
 
 def test_min_max_backends_refuse_cross_entropy():
     with pytest.raises(ValueError, match="codasca.*min-max AUC method"):
-        SimulationConfig(algorithm="codasca", loss="ce")
+        ExperimentConfig(algorithm="codasca", loss="ce")
     with pytest.raises(ValueError, match="model must be one of"):
-        SimulationConfig(model="resnet")
+        ExperimentConfig(model="resnet")
 
 
 @pytest.mark.slow
@@ -270,7 +271,7 @@ def test_eval_every_evaluates_round_zero_every_nth_and_the_last(tmp_path):
     every = _simulate(tmp_path / "every", rounds=5)
     assert every["global_auc"][-1] == summary["global_auc"][-1]  # evaluation changes nothing
     with pytest.raises(ValueError, match="eval_every"):
-        SimulationConfig(eval_every=0)
+        ExperimentConfig(eval_every=0)
 
 
 def test_shared_model_and_state_on_disk_give_the_same_run(tmp_path, monkeypatch):
@@ -288,7 +289,7 @@ def test_shared_model_and_state_on_disk_give_the_same_run(tmp_path, monkeypatch)
     monkeypatch.setattr(Node, "__init__", own_model)
     own = _simulate(tmp_path / "own", select="last")
     monkeypatch.setattr(simulation, "STATE_IN_MEMORY_UP_TO", 0)
-    fed = simulation.build_federation(SimulationConfig(runs_dir=str(tmp_path / "disk"), **SMALL))
+    fed = simulation.build_federation(ExperimentConfig(runs_dir=str(tmp_path / "disk"), **SMALL))
     fed.coordinator.run(SMALL["rounds"])
     fed.coordinator.close()
     nodes = fed.coordinator.transport.nodes.values()

@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_state
 from fed_auc.metrics import AUCResult
 from fed_auc.node import Evaluation, SplitEvaluation
-from fed_auc.simulation import SimulationConfig
 from fed_auc.transport.flower.certs import make_certs
 from fed_auc.transport.flower.cli import load_experiment
 from fed_auc.transport.flower.codec import (
@@ -175,7 +175,7 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     from fed_auc.trainable import Trainable
     from fed_auc.transport.flower.server import node_setup
 
-    config = SimulationConfig(**SMALL)
+    config = ExperimentConfig(**SMALL)
     torch.manual_seed(config.seed)
     backend = build_backend(config.algorithm, **config.backend_hyperparameters())
     model = build_model(config.model, num_labels=1)

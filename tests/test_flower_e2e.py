@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from fed_auc.transport.flower.certs import make_certs
 from fed_auc.transport.flower.launch import free_port
@@ -163,7 +164,7 @@ def test_three_nodes_equal_the_in_process_simulation_and_intruders_cannot_join(f
         summary = _finish(fed, "equal", coordinator)
     finally:
         _stop(intruders)
-    expected = run_simulation(SimulationConfig(runs_dir=str(fed.root / "sim"), **SMALL))
+    expected = run_simulation(ExperimentConfig(runs_dir=str(fed.root / "sim"), **SMALL))
     assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
     assert summary["site_auc"] == pytest.approx(expected["site_auc"], abs=1e-6)
     got = _rows(fed.root / "runs_equal", summary["run_id"])
@@ -229,7 +230,7 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
 
     monkeypatch.setattr(Node, "train", train)
     options = {**SMALL, **last, "rounds": rounds}
-    config = SimulationConfig(runs_dir=str(fed.root / "sim_rejoin"), **options)
+    config = ExperimentConfig(runs_dir=str(fed.root / "sim_rejoin"), **options)
     expected = run_simulation(config)
     _assert_same_model(summary, expected)
     want = _rows(fed.root / "sim_rejoin", expected["run_id"])
@@ -256,7 +257,7 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     args = ("coordinator", "--resume", run_id, "--runs-dir", str(runs), "--json")
     summary = _finish(fed, "resumed", _start(fed.root, *args, log="resumed.log"))
 
-    config = SimulationConfig(runs_dir=str(fed.root / "sim_resume"), **{**SMALL, "rounds": 3})
+    config = ExperimentConfig(runs_dir=str(fed.root / "sim_resume"), **{**SMALL, "rounds": 3})
     expected = run_simulation(config)
     assert summary["run_id"] == run_id
     assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from fed_auc.data.synthetic import DEFAULT_PROFILES
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
@@ -82,7 +83,7 @@ def run(tmp_path, monkeypatch, change) -> dict:
         return change(self, broadcast, original)
 
     monkeypatch.setattr(Node, "train", train)
-    config = SimulationConfig(runs_dir=str(tmp_path), max_update_norm=1e3, **SMALL)
+    config = ExperimentConfig(runs_dir=str(tmp_path), max_update_norm=1e3, **SMALL)
     return run_simulation(config)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fed_auc.cli import DEMO
-from fed_auc.simulation import SimulationConfig
+from fed_auc.experiment import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_shipped_configs_are_valid(path):
 
         load_experiment(path, {})
     else:
-        SimulationConfig(**data)
+        ExperimentConfig(**data)
 
 
 def test_demo_config_file_matches_the_embedded_demo():

@@ -13,6 +13,7 @@ from fed_auc.algorithms.codasca import CONTROL_DELTA
 from fed_auc.algorithms.local_sgda import LocalSGDA
 from fed_auc.cli import main
 from fed_auc.data.synthetic import make_synthetic_federation
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, group_of
@@ -26,7 +27,7 @@ from fed_auc.partial import (
     parse_budget,
     trained_part,
 )
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.validation import InvalidReply, validate_reply
@@ -194,10 +195,10 @@ def test_codasca_control_variates_are_averaged_per_trained_tensor():
 @pytest.mark.parametrize("algorithm", ["codasca", "local_sgda"])
 def test_all_strong_federation_reproduces_the_plain_backend_exactly(tmp_path, algorithm):
     plain = run_simulation(
-        SimulationConfig(algorithm=algorithm, runs_dir=str(tmp_path / "plain"), **SMALL)
+        ExperimentConfig(algorithm=algorithm, runs_dir=str(tmp_path / "plain"), **SMALL)
     )
     strong = run_simulation(
-        SimulationConfig(
+        ExperimentConfig(
             algorithm=algorithm,
             runs_dir=str(tmp_path / "strong"),
             partial_training=True,
@@ -215,7 +216,7 @@ def test_all_strong_federation_reproduces_the_plain_backend_exactly(tmp_path, al
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_every_backend_runs_a_mixed_federation_and_records_trained_groups(tmp_path, algorithm):
     loss = "ce" if algorithm == "fedavg" else "auc_margin"
-    config = SimulationConfig(
+    config = ExperimentConfig(
         algorithm=algorithm,
         loss=loss,
         runs_dir=str(tmp_path),

@@ -8,12 +8,14 @@ import torch
 from fed_auc.algorithms import build_backend
 from fed_auc.cli import main
 from fed_auc.data.synthetic import make_synthetic_federation
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Node
+from fed_auc.node_setup import NodeSetup
 from fed_auc.personal import Personalization
-from fed_auc.simulation import SimulationConfig, build_federation, run_simulation
+from fed_auc.simulation import build_federation, run_simulation
 from fed_auc.store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
@@ -41,7 +43,7 @@ def test_head_replies_never_carry_personal_tensors_and_auc_is_reported(
         return answers
 
     monkeypatch.setattr(LocalTransport, "train", spy)
-    config = SimulationConfig(
+    config = ExperimentConfig(
         algorithm=algorithm, personalize="head", runs_dir=str(tmp_path), **SMALL
     )
     summary = run_simulation(config)
@@ -67,10 +69,10 @@ def test_head_replies_never_carry_personal_tensors_and_auc_is_reported(
 
 
 def test_an_empty_personal_part_is_the_plain_backend_exactly(tmp_path, monkeypatch):
-    plain = run_simulation(SimulationConfig(runs_dir=str(tmp_path / "plain"), **SMALL))
+    plain = run_simulation(ExperimentConfig(runs_dir=str(tmp_path / "plain"), **SMALL))
     empty = Personalization("head", head_groups=(), auc_personal=False, lr_ratio=3.0)
-    monkeypatch.setattr(SimulationConfig, "personalization", lambda self: empty)
-    personal = run_simulation(SimulationConfig(runs_dir=str(tmp_path / "empty"), **SMALL))
+    monkeypatch.setattr(NodeSetup, "personalization", lambda self: empty)
+    personal = run_simulation(ExperimentConfig(runs_dir=str(tmp_path / "empty"), **SMALL))
     assert personal["global_auc"] == plain["global_auc"]
     a, b = load_torch(plain["model_path"]), load_torch(personal["model_path"])
     for name, tensor in a["state_dict"].items():
@@ -134,11 +136,11 @@ def test_personal_model_survives_a_node_restart(tmp_path, site):
 
 def test_personalization_options_are_validated(tmp_path):
     with pytest.raises(ValueError, match="personalize must be one of"):
-        SimulationConfig(personalize="body")
+        ExperimentConfig(personalize="body")
     with pytest.raises(ValueError, match="personal_lambda"):
-        SimulationConfig(personalize="l2", personal_lambda=-1.0)
+        ExperimentConfig(personalize="l2", personal_lambda=-1.0)
     with pytest.raises(ValueError, match="does not compose with fedsgda_mb"):
-        SimulationConfig(personalize="head", algorithm="fedsgda_mb")
+        ExperimentConfig(personalize="head", algorithm="fedsgda_mb")
 
 
 @pytest.mark.slow

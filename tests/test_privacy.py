@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.privacy import Privacy
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 
 
@@ -60,11 +61,11 @@ def test_bad_privacy_settings_are_refused(clip, noise) -> None:
     with pytest.raises(ValueError, match="dp"):
         Privacy(clip, noise)
     with pytest.raises(ValueError, match="dp_noise needs dp_clip"):
-        SimulationConfig(dp_noise=1.0)
+        ExperimentConfig(dp_noise=1.0)
 
 
 def test_a_private_run_records_clip_and_noise(tmp_path) -> None:
-    config = SimulationConfig(
+    config = ExperimentConfig(
         runs_dir=str(tmp_path),
         sites=2,
         rounds=1,

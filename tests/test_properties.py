@@ -10,10 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout
-from fed_auc.simulation import SimulationConfig
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.validation import InvalidReply, validate_answer
 
-FIELDS = [f.name for f in dataclasses.fields(SimulationConfig) if f.name != "runs_dir"]
+DATA_DEFAULTS = ("loss", "select", "min_neg_fraction", "augment")
+FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.name != "runs_dir"]
 VALUES = st.one_of(
     st.none(),
     st.booleans(),
@@ -34,14 +35,14 @@ VALUES = st.one_of(
 @given(st.dictionaries(st.sampled_from(FIELDS + ["colour", "round"]), VALUES, max_size=3))
 def test_any_config_is_valid_or_refused_naming_the_option(values) -> None:
     try:
-        config = SimulationConfig(**values)
+        config = ExperimentConfig(**values)
     except (ValueError, TypeError) as exc:
         message = str(exc)
         by_backend = "backend_options" in values and "hyperparameter" in message
         assert by_backend or any(name in message for name in values), (values, message)
         return
     for name, value in values.items():  # accepted: the value is kept as given, and finite
-        if name not in ("loss", "select") or value is not None:  # None: the data's default
+        if name not in DATA_DEFAULTS or value is not None:  # None: the data's default
             assert getattr(config, name) == value
         assert not isinstance(value, float) or math.isfinite(value), (name, value)
 

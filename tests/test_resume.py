@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from fed_auc.coordinator import FederationError, load_checkpoint
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_torch, save_state
-from fed_auc.simulation import SimulationConfig, resume_simulation, run_simulation
+from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store import RunStore
 
 ROUNDS = 6
@@ -60,7 +61,7 @@ def assert_same_run(runs_a: Path, a: dict, runs_b: Path, b: dict) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
     runs = tmp_path_factory.mktemp("uninterrupted")
-    return runs, run_simulation(SimulationConfig(runs_dir=str(runs), **OPTIONS))
+    return runs, run_simulation(ExperimentConfig(runs_dir=str(runs), **OPTIONS))
 
 
 def start_cli_run(runs: Path) -> subprocess.Popen:
@@ -115,7 +116,7 @@ def test_resume_after_a_crash_between_checkpoint_and_record(
 ) -> None:
     """The checkpoint of round r is written before round r is recorded: a crash in between
     leaves checkpoint r and store r − 1; resume takes the kept previous checkpoint."""
-    config = SimulationConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 3})
+    config = ExperimentConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 3})
     first = run_simulation(config)
     run_dir = tmp_path / first["run_id"]
     with RunStore(tmp_path) as store:  # forget round 3 as if the crash came before its record
@@ -131,7 +132,7 @@ def test_resume_after_a_crash_between_checkpoint_and_record(
 
 
 def test_resume_refuses_completed_unknown_and_uncheckpointed_runs(tmp_path: Path) -> None:
-    config = SimulationConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 1})
+    config = ExperimentConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 1})
     done = run_simulation(config)
     with pytest.raises(ValueError, match="already completed"):
         resume_simulation(tmp_path, done["run_id"])

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from fed_auc.algorithms.base import Reply
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.robust import Aggregation
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 
 
 def replies(*values: list[float]) -> list[Reply]:
@@ -64,7 +65,7 @@ def test_median_keeps_a_large_but_finite_attack_out_of_the_model(tmp_path, monke
     monkeypatch.setattr(Node, "train", attack)
     models = {}
     for method in ("mean", "median"):
-        config = SimulationConfig(
+        config = ExperimentConfig(
             runs_dir=str(tmp_path / method),
             sites=4,
             rounds=2,

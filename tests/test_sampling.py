@@ -10,7 +10,8 @@ import torch
 
 from fed_auc.data.base import Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.simulation import SimulationConfig, build_federation, recorded_config
+from fed_auc.experiment import ExperimentConfig, recorded_config
+from fed_auc.simulation import build_federation
 
 
 def make_split(n: int, positives: int, num_labels: int = 1, size: int = 4) -> Split:
@@ -221,17 +222,17 @@ def test_load_state_dict_rejects_other_split() -> None:
 
 
 def test_negative_floor_defaults_for_image_files_only_and_is_checked_early() -> None:
-    assert SimulationConfig().min_neg_fraction == 0.0
-    assert SimulationConfig(data="medmnist:x.npz").min_neg_fraction == 0.25
-    assert SimulationConfig(data="medmnist:x.npz", min_neg_fraction=0.0).min_neg_fraction == 0.0
+    assert ExperimentConfig().min_neg_fraction == 0.0
+    assert ExperimentConfig(data="medmnist:x.npz").min_neg_fraction == 0.25
+    assert ExperimentConfig(data="medmnist:x.npz", min_neg_fraction=0.0).min_neg_fraction == 0.0
     with pytest.raises(ValueError, match=r"min_neg_fraction must be in \[0, 1\), got 1.5"):
-        SimulationConfig(min_neg_fraction=1.5)
+        ExperimentConfig(min_neg_fraction=1.5)
     with pytest.raises(ValueError, match="floor 34 rows of a batch of 32"):
-        SimulationConfig(min_pos_fraction=0.55, min_neg_fraction=0.5)
+        ExperimentConfig(min_pos_fraction=0.55, min_neg_fraction=0.5)
 
 
 def test_a_node_samples_with_the_runs_negative_floor(tmp_path) -> None:
-    config = SimulationConfig(sites=2, min_neg_fraction=0.25, runs_dir=str(tmp_path))
+    config = ExperimentConfig(sites=2, min_neg_fraction=0.25, runs_dir=str(tmp_path))
     federation = build_federation(config)
     try:
         nodes = federation.coordinator.transport.nodes.values()
@@ -241,7 +242,7 @@ def test_a_node_samples_with_the_runs_negative_floor(tmp_path) -> None:
 
 
 def test_a_run_recorded_before_the_negative_floor_resumes_without_one(tmp_path) -> None:
-    recorded = SimulationConfig(data="medmnist:x.npz").to_dict()
+    recorded = ExperimentConfig(data="medmnist:x.npz").to_dict()
     assert recorded_config(recorded, tmp_path).min_neg_fraction == 0.25
     del recorded["min_neg_fraction"]  # a run recorded by an earlier fed-auc
     assert recorded_config(recorded, tmp_path).min_neg_fraction == 0.0

@@ -10,9 +10,10 @@ import torch
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate import evaluate_model, load_registered_model
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.io import save_state
 from fed_auc.selection import BEST_MODEL_FILE, BestModel, average, parse_select
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.store import RoundRecord
 from tests.data_files import write_npz
 
@@ -30,13 +31,13 @@ def test_parse_select_and_bad_values_named() -> None:
         with pytest.raises(ValueError, match=f"select must be .* got '{bad}'"):
             parse_select(bad)
     with pytest.raises(ValueError, match="select must be"):
-        SimulationConfig(select="best_val:-1")
+        ExperimentConfig(select="best_val:-1")
 
 
 def test_default_averages_for_image_files_only() -> None:
-    assert SimulationConfig().select == "best_val"
-    assert SimulationConfig(data="medmnist:x.npz").select == "best_val:5"
-    assert SimulationConfig(data="medmnist:x.npz", select="last").select == "last"
+    assert ExperimentConfig().select == "best_val"
+    assert ExperimentConfig(data="medmnist:x.npz").select == "best_val:5"
+    assert ExperimentConfig(data="medmnist:x.npz", select="last").select == "last"
 
 
 def test_average_means_floats_and_keeps_the_last_integers() -> None:
@@ -97,7 +98,7 @@ def test_last_k_averages_the_last_rounds_and_round_zero_goes(tmp_path) -> None:
 def averaged_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("select")
     npz = write_npz(tmp / "m.npz", n=(60, 40, 40), signal=40)
-    config = SimulationConfig(
+    config = ExperimentConfig(
         data=f"medmnist:{npz}", sites=2, rounds=3, local_steps=2, batch_size=8, image_size=16,
         select="last:2", runs_dir=str(tmp / "runs"),
     )  # fmt: skip

@@ -16,9 +16,10 @@ from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate import evaluate_model, load_registered_model
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.models import build_model
 from fed_auc.node import Node
-from fed_auc.simulation import SimulationConfig, run_simulation
+from fed_auc.simulation import run_simulation
 from fed_auc.tta import predict
 from tests.data_files import write_npz
 from tests.test_augment import ramp_images
@@ -46,17 +47,17 @@ def test_unknown_mode_is_named_everywhere() -> None:
     with pytest.raises(ValueError, match="tta must be one of .* got 'rotate'"):
         predict(model, ramp_images(2, 16), "rotate")
     with pytest.raises(ValueError, match="tta must be one of"):
-        SimulationConfig(data="medmnist:x.npz", tta="rotate")
+        ExperimentConfig(data="medmnist:x.npz", tta="rotate")
     with pytest.raises(ValueError, match="tta must be one of"):
         evaluate_model(model, {"label_names": ["x"], "tta": "rotate"}, {})
 
 
 def test_default_follows_the_training_flips() -> None:
-    assert SimulationConfig().test_time_augmentation() == "none"  # synthetic: no flips
-    assert SimulationConfig(data="medmnist:x.npz").test_time_augmentation() == "flip"
-    files = SimulationConfig(data="medmnist:x.npz", augment="none")
+    assert ExperimentConfig().test_time_augmentation() == "none"  # synthetic: no flips
+    assert ExperimentConfig(data="medmnist:x.npz").test_time_augmentation() == "flip"
+    files = ExperimentConfig(data="medmnist:x.npz", augment="none")
     assert files.test_time_augmentation() == "none"
-    assert SimulationConfig(tta="flip").test_time_augmentation() == "flip"
+    assert ExperimentConfig(tta="flip").test_time_augmentation() == "flip"
 
 
 def test_node_scores_validation_and_test_with_its_tta(tmp_path) -> None:
@@ -84,7 +85,7 @@ def flip_run(tmp_path_factory):
     """A 2-round run on a small MedMNIST-layout file: defaults, so flip training and TTA."""
     tmp = tmp_path_factory.mktemp("tta")
     npz = write_npz(tmp / "m.npz", n=(60, 40, 40))
-    config = SimulationConfig(
+    config = ExperimentConfig(
         data=f"medmnist:{npz}", sites=2, rounds=2, local_steps=2, batch_size=8, image_size=16,
         runs_dir=str(tmp / "runs"),
     )  # fmt: skip

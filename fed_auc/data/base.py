@@ -59,3 +59,15 @@ class SiteData:
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
+
+
+def common_label_count(label_names: dict[str, list[str]]) -> int:
+    """The federation's number of labels: every site must have the same label columns."""
+    first_site, first = next(iter(label_names.items()))
+    for site, names in label_names.items():
+        if list(names) != list(first):
+            raise ValueError(
+                f"sites disagree on their labels: {first_site} has {list(first)}, "
+                f"{site} has {list(names)}"
+            )
+    return len(first)

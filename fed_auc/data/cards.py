@@ -119,3 +119,18 @@ def write_cards(sites: list[SiteData], out_dir: str | Path) -> list[Path]:
 
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
+
+
+def site_summary(site: SiteData) -> dict[str, Any]:
+    """The data-card summary of a site kept in the store: the card, with each split's
+    counts and intensity also at the top level (``train``, ``val``, ``test``)."""
+    card = data_card(site)
+    summary: dict[str, Any] = {**site.meta, **card}
+    for name, stats in card["splits"].items():
+        intensity = stats["intensity"] or {}
+        summary[name] = {
+            **stats,
+            "intensity_mean": intensity.get("mean"),
+            "intensity_std": intensity.get("std"),
+        }
+    return summary

@@ -111,7 +111,7 @@ def load_sites(
     )
 
 
-SITE_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images")
+SITE_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed")
 
 
 def site_from_config(
@@ -121,7 +121,8 @@ def site_from_config(
 
     ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
     has that value; ``uncertain``, ``frontal_only`` and ``skip_bad_images`` as for
-    ``--data``. Without a split column the rows are split 70/10/20 by patient (seeded).
+    ``--data``. Without a split column the rows are split 70/10/20 by patient, seeded by
+    ``split_seed`` (default ``seed``).
     """
     unknown = sorted(set(table) - set(SITE_KEYS))
     if unknown or "spec" not in table:
@@ -149,6 +150,6 @@ def site_from_config(
 
     from fed_auc.data.partition import partition_pool
 
-    (site,), _ = partition_pool(pool, "iid", 1, seed)
+    (site,), _ = partition_pool(pool, "iid", 1, int(table.get("split_seed", seed)))
     site.name = name
     return site

@@ -256,11 +256,24 @@ def make_synthetic_federation(
         raise ValueError(f"num_labels = {num_labels!r}: must be in [1, {len(FINDINGS)}]")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale = {scale!r}: must be > 0")
-    label_names = [GENERIC_FINDING] if num_labels == 1 else list(FINDINGS[:num_labels])
     return [
-        make_site(_scaled(p, scale), image_size, label_names, _derive(seed, i))
+        federation_site(p, i, image_size, num_labels, seed, scale)
         for i, p in enumerate(profiles[:num_sites])
     ]
+
+
+def federation_site(
+    profile: SiteProfile,
+    index: int,
+    image_size: int = REFERENCE_SIZE,
+    num_labels: int = 1,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> SiteData:
+    """Site ``index`` of a synthetic federation: its images depend on (seed, index) only, so a
+    node generating its own site gets the images ``fed-auc simulate`` generates for it."""
+    label_names = [GENERIC_FINDING] if num_labels == 1 else list(FINDINGS[:num_labels])
+    return make_site(_scaled(profile, scale), image_size, label_names, _derive(seed, index))
 
 
 def scanner_variants(base: Sequence[SiteProfile], count: int, seed: int) -> list[SiteProfile]:

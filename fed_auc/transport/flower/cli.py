@@ -21,11 +21,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--rounds", type=int, help="override the config's rounds")
     c.add_argument("--runs-dir", help="override the config's runs_dir (with --resume: runs)")
+    c.add_argument(
+        "--address",
+        help="override [flower] address, HOST:PORT the SuperLink listens on "
+        "(0.0.0.0:9092 to accept nodes from other machines)",
+    )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
     n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
-    n.add_argument("--site", type=Path, required=True, help="site TOML with a [node] table")
-    n.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    n.add_argument("--site", type=Path, required=True, help="the site file (hospitals/README.md)")
+    n.add_argument("--coordinator", help="HOST:PORT of the coordinator")
+    n.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the site file and its images and labels, print the data card, exit",
+    )
+    n.add_argument(
+        "--image-size", type=int, default=28, help="image side for --check and the start check"
+    )
+    n.add_argument(
+        "--num-labels", type=int, default=1, help="labels of a synthetic site, for --check"
+    )
     n.add_argument("--root-certificates", type=Path, help="the federation's CA (ca.pem)")
     n.add_argument("--auth-key", type=Path, help="this site's private key (keys/<site>.key)")
     n.add_argument("--insecure", action="store_true", help="no TLS, no key (loopback tests)")
@@ -37,8 +53,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The simulate options plus a ``[flower]`` table, validated before anything starts."""
-    from fed_auc.simulation import SimulationConfig
+    """The experiment options plus a ``[flower]`` table, validated before anything starts."""
+    from fed_auc.experiment import SIMULATED_FEDERATION, ExperimentConfig
     from fed_auc.transport.flower.server import FlowerSettings
 
     try:
@@ -48,7 +64,7 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     flower = data.pop("flower", None)
     if not isinstance(flower, dict):
         raise SystemExit(f"fed-auc coordinator: config {path}: missing [flower] table")
-    fields = {f.name for f in dataclasses.fields(SimulationConfig)}
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)} - {"transport"}
     flower_fields = {f.name for f in dataclasses.fields(FlowerSettings)}
     for table, keys, valid in (("", data, fields), ("[flower] ", flower, flower_fields)):
         unknown = sorted(set(keys) - valid)
@@ -57,28 +73,29 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
                 f"fed-auc coordinator: config {path}: unknown {table}key(s) {unknown}; "
                 f"valid: {sorted(valid)}"
             )
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    simulated = sorted(set(data) & set(SIMULATED_FEDERATION))
+    if simulated:
+        raise SystemExit(
+            f"fed-auc coordinator: config {path}: {simulated} describe a simulated federation; "
+            "over Flower each node owns its data (its site file, `fed-auc node --site`): "
+            "remove them (the number of sites to wait for is [flower] expected_sites)"
+        )
+    data.update({k: v for k, v in overrides.items() if k in fields and v is not None})
+    flower.update({k: v for k, v in overrides.items() if k in flower_fields and v is not None})
     if flower.get("certs_dir") is not None:  # relative to the config file
         flower["certs_dir"] = str((path.parent / flower["certs_dir"]).resolve())
     try:
-        config = SimulationConfig(**data)
+        config = ExperimentConfig(**data, transport="flower")
         settings = FlowerSettings(**flower)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"fed-auc coordinator: config {path}: {exc}") from None
-    unsupported = [k for k in ("partial_training", "personalize", "warmup_rounds") if data.get(k)]
-    if unsupported or config.data != "synthetic":
-        what = unsupported or [f"data = {config.data!r}"]
-        raise SystemExit(
-            f"fed-auc coordinator: config {path}: {what} not supported over Flower yet "
-            "(nodes train the site TOML's synthetic data on the whole model); use fed-auc simulate"
-        )
     config.runs_dir = str(Path(config.runs_dir).resolve())
-    return {"simulation": config.to_dict(), "flower": dataclasses.asdict(settings)}
+    return {"experiment": config.to_dict(), "flower": dataclasses.asdict(settings)}
 
 
 def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
     """The recorded experiment of an interrupted Flower run, to continue it."""
-    from fed_auc.simulation import recorded_config
+    from fed_auc.experiment import recorded_config
     from fed_auc.store import STORE_FILE, RunStore
 
     if not (runs_dir / STORE_FILE).is_file():
@@ -89,7 +106,7 @@ def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
         except KeyError as exc:
             raise SystemExit(f"fed-auc coordinator --resume: {exc.args[0]}") from None
     record = dict(run["config"])
-    if record.pop("transport", None) != "flower":
+    if record.get("transport") != "flower":
         raise SystemExit(
             f"fed-auc coordinator --resume: run {run_id!r} did not run over Flower; "
             "continue it with `fed-auc simulate --resume`"
@@ -98,10 +115,11 @@ def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
         raise SystemExit(f"fed-auc coordinator --resume: run {run_id!r} already completed")
     flower = record.pop("flower")
     config = recorded_config(record, runs_dir.resolve())
-    return {"simulation": config.to_dict(), "flower": flower, "resume": run_id}
+    return {"experiment": config.to_dict(), "flower": flower, "run_id": run_id, "resume": True}
 
 
 def coordinator(args: argparse.Namespace) -> dict[str, Any]:
+    require_flower("coordinator")
     from fed_auc.transport.flower.launch import run_coordinator
 
     if (args.config is None) == (args.resume is None):
@@ -111,9 +129,9 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
         experiment = load_resumed(Path(args.runs_dir or "runs"), args.resume)
     else:
-        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir}
+        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address}
         experiment = load_experiment(args.config, overrides)
-    work_dir = Path(experiment["simulation"]["runs_dir"]) / "flower"
+    work_dir = Path(experiment["experiment"]["runs_dir"]) / "flower"
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     summary = run_coordinator(experiment, work_dir, echo)
     if args.json:
@@ -124,9 +142,24 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def node(args: argparse.Namespace) -> int:
-    from fed_auc.transport.flower.launch import run_node
-    from fed_auc.transport.flower.worker import SiteConfig
+    """Check the site file and its data; with ``--check`` print the data card and stop, else
+    serve the site until stopped."""
+    from fed_auc.site import SiteDefinition, check_site_data
 
+    try:
+        site = SiteDefinition.from_toml(args.site)
+        data = site.load(args.image_size, args.num_labels)
+        check_site_data(site, data)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"fed-auc node: {exc}") from None
+    if args.check:
+        from fed_auc.data.cards import data_card, render_card
+
+        print(render_card(data_card(data)))
+        print(f"fed-auc node --check: {args.site} is ready ({len(data.train)} training images)")
+        return 0
+    if args.coordinator is None:
+        raise SystemExit("fed-auc node: give --coordinator HOST:PORT (or --check)")
     if not args.insecure and (args.root_certificates is None or args.auth_key is None):
         raise SystemExit(
             "fed-auc node: give --root-certificates (the CA) and --auth-key (the site key), "
@@ -136,14 +169,26 @@ def node(args: argparse.Namespace) -> int:
         path = getattr(args, option)
         if path is not None and not path.is_file():
             raise SystemExit(f"fed-auc node: --{option.replace('_', '-')} {path}: no such file")
-    try:
-        site = SiteConfig.from_toml(args.site)
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"fed-auc node: {exc}") from None
+    require_flower("node")
+    from fed_auc.transport.flower.launch import run_node
+
     return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
 
 
+def require_flower(command: str) -> None:
+    """Flower (and ``cryptography`` for the certificates) come with the ``flower`` extra."""
+    try:
+        import cryptography  # noqa: F401
+        import flwr  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(
+            f"fed-auc {command} needs the Flower extra ({exc.name} is missing): "
+            "pip install -c constraints.txt 'fed-auc[flower]'"
+        ) from None
+
+
 def certs(args: argparse.Namespace) -> None:
+    require_flower("certs")
     from fed_auc.transport.flower.certs import make_certs
 
     out = make_certs(args.out, args.site, args.host)

@@ -193,31 +193,56 @@ def frame_reply(frame: Frame) -> Reply:
 
 # -- evaluate ---------------------------------------------------------------------------
 def evaluation_frame(evaluation: Evaluation) -> Frame:
-    """Counts and AUCs in the header; per-image scores and labels only if they were pooled."""
-    splits, tensors = {}, {}
-    for name, split in evaluation.splits.items():
-        splits[name] = {
+    """Counts, AUCs and ROC points in the header (the personal model's too); per-image scores
+    and labels only if they were pooled."""
+    tensors: dict[str, torch.Tensor] = {}
+    header = {
+        "site": evaluation.site,
+        "duration_s": evaluation.duration_s,
+        "splits": _splits_header(evaluation.splits, tensors),
+        "personal": None
+        if evaluation.personal is None
+        else _splits_header(evaluation.personal, {}),
+    }
+    return tensor_frame(header, tensors)
+
+
+def _splits_header(
+    splits: dict[str, SplitEvaluation], tensors: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    out = {}
+    for name, split in splits.items():
+        out[name] = {
             "n": split.n,
             "positives": split.positives,
             "aucs": [dataclasses.asdict(a) for a in split.aucs],
+            "roc": split.roc,
         }
         if split.scores is not None:
             tensors[f"scores/{name}"] = torch.from_numpy(np.ascontiguousarray(split.scores))
             tensors[f"labels/{name}"] = torch.from_numpy(np.ascontiguousarray(split.labels))
-    header = {"site": evaluation.site, "duration_s": evaluation.duration_s, "splits": splits}
-    return tensor_frame(header, tensors)
+    return out
 
 
 def frame_evaluation(frame: Frame) -> Evaluation:
     header, tensors = frame[0], frame_tensors(frame)
     result = Evaluation(header["site"], duration_s=header["duration_s"])
-    for name, split in header["splits"].items():
+    result.splits = _splits_of(header["splits"], tensors)
+    if header.get("personal") is not None:
+        result.personal = _splits_of(header["personal"], {})
+    return result
+
+
+def _splits_of(header: dict[str, Any], tensors: Tensors) -> dict[str, SplitEvaluation]:
+    out = {}
+    for name, split in header.items():
         scores, labels = tensors.get(f"scores/{name}"), tensors.get(f"labels/{name}")
-        result.splits[name] = SplitEvaluation(
+        out[name] = SplitEvaluation(
             n=split["n"],
             positives=split["positives"],
             aucs=[AUCResult(**a) for a in split["aucs"]],
             scores=None if scores is None else scores.numpy(),
             labels=None if labels is None else labels.numpy(),
+            roc=split.get("roc"),
         )
-    return result
+    return out

@@ -23,10 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fed_auc.run import git_revision
+from fed_auc.site import SiteDefinition
+from fed_auc.store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
 from fed_auc.transport.flower.server import FlowerSettings
-from fed_auc.transport.flower.worker import NodeWorker, SiteConfig
+from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
@@ -121,14 +124,69 @@ def free_port() -> int:
 
 # -- coordinator --------------------------------------------------------------------------
 def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> dict[str, Any]:
-    """Start the SuperLink, register the site keys, run the app; return the run summary."""
+    """Start the SuperLink, register the site keys, run the app; return the run summary.
+
+    The run is created in the store here, before anything can fail or be stopped; a run that
+    ends without its summary (an error, Ctrl-C, SIGTERM) is marked failed, resumable with
+    ``fed-auc coordinator --resume``, never left "running".
+    """
     settings = FlowerSettings(**experiment["flower"])
+    experiment = {**experiment, "run_id": experiment.get("run_id") or _create_run(experiment)}
+    run_id, runs_dir = experiment["run_id"], experiment["experiment"]["runs_dir"]
+    echo(f"run {run_id}: store {Path(runs_dir) / STORE_FILE}")
     work_dir = work_dir.resolve()
+    summary_file = work_dir / "summary.json"
+    summary_file.unlink(missing_ok=True)
+    try:
+        _serve(experiment, settings, work_dir, summary_file, echo)
+    except BaseException as exc:
+        _mark_stopped(runs_dir, run_id, exc)
+        raise
+    if not summary_file.exists():
+        error = RuntimeError(
+            f"the Flower run ended without a result; see {work_dir / 'superlink.log'} "
+            "and the run's events in the store"
+        )
+        _mark_stopped(runs_dir, run_id, error)
+        raise error
+    return json.loads(summary_file.read_text())
+
+
+def _create_run(experiment: dict[str, Any]) -> str:
+    config = experiment["experiment"]
+    record = {**config, "flower": experiment["flower"]}
+    with RunStore(config["runs_dir"]) as store:
+        return store.create_run(config["algorithm"], record, git_revision())
+
+
+def _mark_stopped(runs_dir: str, run_id: str, why: BaseException) -> None:
+    """A run still "running" after its coordinator stopped is failed (and resumable)."""
+    with RunStore(runs_dir) as store:
+        if store.run(run_id)["status"] != "running":
+            return  # the ServerApp recorded the failure itself
+        reason = "stopped by the operator" if isinstance(why, KeyboardInterrupt) else str(why)
+        store.add_event(
+            run_id,
+            f"coordinator stopped: {reason}; continue with "
+            f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`",
+            level="error",
+        )
+        store.finish_run(run_id, "failed", {"error": reason})
+
+
+def _serve(
+    experiment: dict[str, Any],
+    settings: FlowerSettings,
+    work_dir: Path,
+    summary_file: Path,
+    echo,
+) -> None:
+    """The SuperLink and the ``flwr run`` of the app, streaming its lines to ``echo``."""
     home = work_dir / "flwr_home"
     home.mkdir(parents=True, exist_ok=True)
     env = flower_env(home)
     certs = None if settings.insecure else Path(settings.certs_dir).resolve()
-    _write_connection(home, settings.address, certs)
+    _write_connection(home, _reachable(settings.address), certs)
     host, port = settings.address.rsplit(":", 1)
     command = [
         "flower-superlink",
@@ -145,13 +203,11 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
         command += ["--ssl-certfile", str(certs / "server.pem")]
         command += ["--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]
     experiment_file = work_dir / "experiment.json"
-    summary_file = work_dir / "summary.json"
-    summary_file.unlink(missing_ok=True)
     experiment_file.write_text(json.dumps({**experiment, "summary_file": str(summary_file)}))
     with open(work_dir / "superlink.log", "ab") as log:
         superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for_port(settings.address, 60, superlink)
+        wait_for_port(_reachable(settings.address), 60, superlink)
         if certs is not None:
             for key in register_keys(home, certs / "keys"):
                 echo(f"registered site key {key}")
@@ -161,19 +217,23 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
         stream = subprocess.Popen(
             run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        for line in stream.stdout:
-            echo(line.rstrip())
+        try:
+            for line in stream.stdout:
+                echo(line.rstrip())
+        finally:
+            if stream.poll() is None:
+                stream.terminate()
         if stream.wait() != 0:
             raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)
-    if not summary_file.exists():
-        raise RuntimeError(
-            f"the Flower run ended without a result; see {work_dir / 'superlink.log'} "
-            "and the run's events in the store"
-        )
-    return json.loads(summary_file.read_text())
+
+
+def _reachable(address: str) -> str:
+    """Where to check that the SuperLink listens: a wildcard host is reached on loopback."""
+    host, port = address.rsplit(":", 1)
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::") else address
 
 
 def _write_connection(home: Path, address: str, certs: Path | None) -> None:
@@ -209,7 +269,7 @@ def register_keys(home: Path, keys_dir: Path) -> list[str]:
 
 # -- node ---------------------------------------------------------------------------------
 def run_node(
-    site: SiteConfig,
+    site: SiteDefinition,
     coordinator: str,
     root_certificates: Path | None,
     auth_key: Path | None,

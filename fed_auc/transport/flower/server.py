@@ -22,18 +22,14 @@ from flwr.serverapp import Grid, ServerApp
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import Coordinator, FederationError
+from fed_auc.data.base import common_label_count
+from fed_auc.experiment import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Evaluation
+from fed_auc.node_setup import NodeSetup
 from fed_auc.robust import Aggregation
-from fed_auc.simulation import (
-    SimulationConfig,
-    _fail,
-    close_run,
-    git_revision,
-    operating_thresholds,
-    track_best_model,
-)
+from fed_auc.run import fail_run, train_and_close, warm_start
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.transport.base import NodeFailure
@@ -57,6 +53,7 @@ class FlowerSettings:
     """The ``[flower]`` table of an experiment config."""
 
     address: str = "127.0.0.1:9092"  # SuperLink host:port (Fleet, Control and Runtime APIs)
+    expected_sites: int = 1  # n: the sites the coordinator waits for at the start
     min_nodes: int = 1  # k: fewest sites to start and to complete a round with
     register_timeout_s: float = 300.0  # how long to wait for the expected sites at the start
     round_timeout_s: float = 600.0  # deadline of a training phase
@@ -66,8 +63,18 @@ class FlowerSettings:
     insecure: bool = False  # no TLS, no node keys: loopback experiments only
 
     def __post_init__(self) -> None:
-        if not isinstance(self.min_nodes, int) or self.min_nodes < 1:
-            raise ValueError(f"[flower] min_nodes must be an integer ≥ 1, got {self.min_nodes!r}")
+        for name in ("expected_sites", "min_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"[flower] {name} must be an integer ≥ 1, got {value!r}")
+        if self.min_nodes > self.expected_sites:
+            raise ValueError(
+                f"[flower] min_nodes ({self.min_nodes}) cannot exceed expected_sites "
+                f"({self.expected_sites})"
+            )
+        host, sep, port = str(self.address).rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"[flower] address must be HOST:PORT, got {self.address!r}")
         for name in ("register_timeout_s", "round_timeout_s", "eval_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
@@ -82,16 +89,21 @@ class FlowerTransport:
     def __init__(
         self,
         grid: Grid,
-        setup: dict[str, Any],
-        expected: int,
+        setup: NodeSetup,
         settings: FlowerSettings,
         log=print,
+        event=lambda site, level, message: None,
     ):
+        """``setup``: the run as nodes see it (``use`` switches it, e.g. for the warm-up);
+        ``event(site, level, message)``: joins, departures and returns, for the store."""
         self.grid = grid
         self.log = log
-        self.setup = setup
-        self.expected = expected
+        self.event = event
+        self.setup = setup.to_dict()
+        self.expected = settings.expected_sites
         self.settings = settings
+        self.started = time.monotonic()
+        self.away_since: dict[str, float] = {}  # site → when it stopped answering
         self.node_of: dict[str, int] = {}  # site → its current Flower node id
         self.registrations: dict[str, dict[str, Any]] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
@@ -103,6 +115,11 @@ class FlowerTransport:
     @property
     def sites(self) -> list[str]:
         return list(self.registrations)
+
+    def use(self, setup: NodeSetup) -> FlowerTransport:
+        """Send ``setup`` with the next requests (the nodes rebuild for it); returns self."""
+        self.setup = setup.to_dict()
+        return self
 
     def register(self) -> dict[str, dict[str, Any]]:
         """Wait for the expected sites (at least ``min_nodes``), in federation index order."""
@@ -118,7 +135,7 @@ class FlowerTransport:
                 f"{self.settings.register_timeout_s:g} s ({sorted(self.node_of)}); "
                 f"min_nodes = {self.settings.min_nodes}"
             )
-        order = sorted(self._answers, key=lambda s: self._answers[s]["registration"]["index"])
+        order = sorted(self._answers, key=lambda s: self._answers[s]["registration"]["order"])
         for site in order:
             self.registrations[site] = self._answers[site]["registration"]
             self.summaries[site] = self._answers[site]["summary"]
@@ -182,6 +199,9 @@ class FlowerTransport:
         for site, answer in answers.items():
             if isinstance(answer, NodeFailure):
                 self.held.pop(site, None)
+                if answer.status == "dropped" and site not in self.away_since:
+                    self.away_since[site] = time.monotonic()
+                    self.event(site, "warning", f"site {site} left: {kind} {answer.message}")
             else:
                 self.held[site] = answer[0].get("cached", [])
         done = sum(not isinstance(a, NodeFailure) for a in answers.values())
@@ -207,10 +227,20 @@ class FlowerTransport:
             if reply.has_error():
                 continue
             answer, _ = message_frame(reply.content)
-            self.node_of[answer["site"]] = reply.metadata.src_node_id
-            self._answers[answer["site"]] = answer
-            self.held[answer["site"]] = answer.get("cached", [])
-            self.log(f"site {answer['site']} joined (Flower node {reply.metadata.src_node_id})")
+            site, node = answer["site"], reply.metadata.src_node_id
+            known_before = site in self._answers
+            self.node_of[site] = node
+            self._answers[site] = answer
+            self.held[site] = answer.get("cached", [])
+            self.log(f"site {site} joined (Flower node {node})")
+            now = time.monotonic()
+            if not known_before:
+                waited = now - self.started
+                message = f"site {site} joined after {waited:.1f} s (Flower node {node})"
+            else:
+                away = now - self.away_since.pop(site, now)
+                message = f"site {site} rejoined after {away:.1f} s away (Flower node {node})"
+            self.event(site, "info", message)
 
     def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:
         """Push the messages, then pull replies every ``PULL_INTERVAL_S`` until all are in
@@ -238,24 +268,54 @@ def _decode(site: str, decode, frame: Frame):
 
 # -- the experiment -----------------------------------------------------------------------
 def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[str, Any]:
-    """What ``run_simulation`` does, with the sites behind Flower instead of in-process."""
-    config = SimulationConfig(**experiment["simulation"])
+    """What ``run_simulation`` does, with the sites behind Flower instead of in-process: the
+    run ``experiment["run_id"]`` (made by ``fed-auc coordinator``; ``resume``: it has rounds)."""
+    config = ExperimentConfig(**experiment["experiment"])
     settings = FlowerSettings(**experiment["flower"])
+    run_id, resume = experiment["run_id"], bool(experiment.get("resume"))
     torch.manual_seed(config.seed)
-    backend = build_backend(config.algorithm, **config.backend_hyperparameters())
-    model = build_model(config.model, num_labels=config.num_labels)
-    server = Trainable(model, build_loss(config.loss, config.num_labels, [0.5] * config.num_labels))
     store = RunStore(config.runs_dir)
-    resume = experiment.get("resume")  # the id of an interrupted run to continue
-    record = {**config.to_dict(), "transport": "flower", "flower": asdict(settings)}
-    run_id = resume or store.create_run(config.algorithm, record, git_revision())
     run_dir = Path(config.runs_dir) / run_id
-    setup = node_setup(config, run_id, model.config())
-    transport = FlowerTransport(grid, setup, config.sites, settings, log)
+
+    def event(site: str | None, level: str, message: str) -> None:
+        store.add_event(run_id, message, level, site)
+
     try:
-        log(f"run {run_id}: waiting for {config.sites} site(s), at least {settings.min_nodes}")
-        sites = list(transport.register())
+        # The nodes register with a provisional setup: registration needs their data and
+        # memory budget only; the data-dependent defaults are settled from their answers.
+        model = build_model(config.model, num_labels=config.num_labels)
+        provisional = config.with_data_kind(True).node_setup(
+            run_id, model.config(), config.num_labels, settings.expected_sites
+        )
+        transport = FlowerTransport(grid, provisional, settings, log, event)
+        log(f"run {run_id}: waiting for {settings.expected_sites} site(s), "
+            f"at least {settings.min_nodes}")  # fmt: skip
+        registrations = transport.register()
+        sites = list(registrations)
         log(f"run {run_id}: sites {sites}")
+        config = config.with_data_kind(all(r["synthetic"] for r in registrations.values()))
+        num_labels = common_label_count(
+            {site: r["label_names"] for site, r in registrations.items()}
+        )
+        torch.manual_seed(config.seed)
+        model = build_model(config.model, num_labels=num_labels)
+        server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
+        setup = config.node_setup(run_id, model.config(), num_labels, settings.expected_sites)
+        transport.use(setup)
+        store.update_config(run_id, {**config.to_dict(), "flower": asdict(settings)})
+        started = resume and not store.rounds(run_id).empty
+        if config.warmup_rounds and not started:
+
+            def warm_transport(warm_id: str, hyperparameters: dict) -> FlowerTransport:
+                return transport.use(setup.for_run(warm_id, "fedavg", "ce", hyperparameters))
+
+            tensors = warm_start(
+                config, model, store, run_id, run_dir, warm_transport, settings.pooled_scoring
+            )
+            server.load(tensors)
+            transport.use(setup)
+        personalization = setup.personalization()
+        backend = build_backend(config.algorithm, **config.backend_hyperparameters())
         coordinator = Coordinator(
             backend,
             transport,
@@ -267,53 +327,31 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
             seed=config.seed,
             pooled_scoring=settings.pooled_scoring,
             local_work=config.local_work(sites),
+            personal=personalization.personal_names(server.names()) if personalization else (),
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
             eval_every=config.eval_every,
         )
-        if resume:
+        if started:
             last = coordinator.resume()
             store.reopen_run(run_id, f"run resumed over Flower after round {last}")
             log(f"run {run_id}: resumed after round {last}")
         else:
             store.record_sites(run_id, transport.summaries)
             store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
-        best = track_best_model(coordinator, run_dir, config.select)
-        coordinator.run(config.rounds, lambda r: log(_progress(r)))
-        best.settle(store, run_id, coordinator)
-        coordinator.close()
     except BaseException as exc:
-        _fail(store, run_id, exc)
+        fail_run(store, run_id, exc)
         raise
-    # The operating threshold needs pooled validation scores: only where they may leave.
-    thresholds = []
-    if settings.pooled_scoring:
-        thresholds = operating_thresholds(transport, coordinator.sites, best.tensors)
     cards = list(transport.summaries.values())
-    return close_run(store, run_id, run_dir, config, backend, best, model.config(), cards,
-                     thresholds)  # fmt: skip
-
-
-def node_setup(config: SimulationConfig, run_id: str, model_config: dict[str, Any]) -> dict:
-    """What every node needs to build the run's backend, model and data (JSON-able)."""
-    return {
-        "run_id": run_id,
-        "algorithm": config.algorithm,
-        "hyperparameters": config.backend_hyperparameters(),
-        "model_config": model_config,
-        "loss": config.loss,
-        "batch_size": config.batch_size,
-        "min_pos_fraction": config.min_pos_fraction,
-        "min_neg_fraction": config.min_neg_fraction,
-        "augment": config.augmentation(),
-        "tta": config.test_time_augmentation(),
-        "seed": config.seed,
-        "image_size": config.image_size,
-        "num_labels": config.num_labels,
-        "data_scale": config.data_scale,
-        "dp_clip": config.dp_clip,
-        "dp_noise": config.dp_noise,
-    }
+    return train_and_close(
+        config,
+        coordinator,
+        run_dir,
+        model.config(),
+        cards,
+        on_round=lambda r: log(_progress(r)),
+        thresholds=settings.pooled_scoring,
+    )
 
 
 def _progress(record: RoundRecord) -> str:

@@ -1,0 +1,108 @@
+"""What a node needs from the experiment, and the one function that builds a node from it.
+
+``NodeSetup`` is plain JSON: the Flower coordinator sends it with every request, and
+``fed-auc simulate`` builds the same one for its in-process nodes. ``build_node`` turns it and
+a site's data into a ``Node``, the same way for both, so a site trains identically in-process
+and over Flower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from fed_auc.algorithms import build_backend
+from fed_auc.data.base import SiteData
+from fed_auc.node import Node
+from fed_auc.personal import Personalization
+from fed_auc.privacy import Privacy
+from fed_auc.trainable import Trainable
+
+SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """The experiment as one node sees it (every field JSON-able)."""
+
+    run_id: str
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    model_config: dict[str, Any]
+    loss: str
+    batch_size: int
+    min_pos_fraction: float
+    min_neg_fraction: float
+    augment: str
+    tta: str
+    seed: int
+    image_size: int
+    num_labels: int
+    data_scale: float = 1.0
+    dp_clip: float | None = None
+    dp_noise: float = 0.0
+    partial_training: bool = False  # the node trains what its own memory budget allows
+    personalize: str | None = None
+    personal_lambda: float = 1.0
+    personal_lr_ratio: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> NodeSetup:
+        return cls(**values)
+
+    def data_key(self) -> tuple:
+        """What the site's images depend on: equal keys, same data (a node reuses them)."""
+        return (self.image_size, self.num_labels, self.seed, self.data_scale)
+
+    def for_run(self, run_id: str, algorithm: str, loss: str, hyperparameters: dict) -> NodeSetup:
+        """The same nodes for another run on the same sites (the warm-up's fedavg + CE)."""
+        return replace(
+            self, run_id=run_id, algorithm=algorithm, loss=loss, hyperparameters=hyperparameters
+        )
+
+    def personalization(self) -> Personalization | None:
+        if self.personalize is None:
+            return None
+        return Personalization(self.personalize, self.personal_lambda, self.personal_lr_ratio)
+
+
+def build_node(
+    setup: NodeSetup,
+    data: SiteData,
+    seed_index: int,
+    state_dir: str | Path,
+    memory_budget: float | int | str | None = None,
+    augment: str | None = None,
+    tta: str | None = None,
+    trainable: Trainable | None = None,
+    state_in_memory: bool = True,
+) -> Node:
+    """The node of one site. ``memory_budget`` counts only under partial training;
+    ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
+    warm model shared by in-process nodes (never with partial training or personal models)."""
+    privacy = None
+    if setup.dp_clip is not None:
+        privacy = Privacy(setup.dp_clip, setup.dp_noise, setup.seed)
+    augment = augment or setup.augment
+    return Node(
+        data,
+        build_backend(setup.algorithm, **setup.hyperparameters),
+        setup.model_config,
+        setup.loss,
+        state_dir=state_dir,
+        batch_size=setup.batch_size,
+        min_pos_fraction=setup.min_pos_fraction,
+        min_neg_fraction=setup.min_neg_fraction,
+        seed=setup.seed * SEED_STRIDE + seed_index,
+        privacy=privacy,
+        memory_budget=memory_budget if setup.partial_training else None,
+        personalization=setup.personalization(),
+        trainable=trainable,
+        state_in_memory=state_in_memory,
+        augment=augment,
+        tta=tta or (setup.tta if augment == setup.augment else None),
+    )
