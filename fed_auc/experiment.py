@@ -383,6 +383,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "bool": (bool,),
     "list[int]": (list,),
+    "list[str]": (list,),
     "list": (list,),  # checked item by item by the option's own validation
     "dict[str, Any]": (dict,),
 }

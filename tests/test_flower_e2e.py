@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,8 @@ HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
 UNREGISTERED, NO_CA = "northgate_icu", "lakeside_clinic"  # intruders: indexes 4 and 3
 INDEX = {"st_elsewhere": 0, "county_general": 1, "mercy_rural": 2, NO_CA: 3, UNREGISTERED: 4}
-SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
+SMALL = {"rounds": 2, "local_steps": 2, "batch_size": 8}
+SCALE = 0.15  # of every split of the demo hospitals: seconds per round
 ROW_COLUMNS = ["round", "site", "status", "steps", "n", "auc", "val_auc", "update_norm", "bytes_up"]
 NUMERIC = [c for c in ROW_COLUMNS if c not in ("site", "status")]
 
@@ -63,11 +65,26 @@ class Federation:
 
 
 def _site_toml(root: Path, site: str) -> Path:
+    """The demo hospital's site file, its splits scaled down, its state under ``root``."""
     text = (HOSPITALS / f"{site}.toml").read_text().split("\n[node]")[0]
+    for split in ("n_train", "n_val", "n_test"):
+        text = re.sub(
+            rf"^{split} = (\d+)",
+            lambda m: f"{split} = {max(2, round(int(m.group(1)) * SCALE))}",
+            text,
+            flags=re.M,
+        )
     state = root / "nodes" / site
     path = root / f"{site}.toml"
     path.write_text(f'{text}\n[node]\nindex = {INDEX[site]}\nstate_dir = "{state}"\n')
     return path
+
+
+def _simulated(fed: Federation, name: str, **options) -> dict:
+    """The same experiment in-process, on the same site files."""
+    files = [str(_site_toml(fed.root, site)) for site in SITES]
+    config = {**SMALL, **options, "site_files": files, "runs_dir": str(fed.root / name)}
+    return run_simulation(ExperimentConfig(**config))
 
 
 def _experiment(root: Path, name: str, port: int, rounds: int, extra: dict, **flower) -> Path:
@@ -76,6 +93,7 @@ def _experiment(root: Path, name: str, port: int, rounds: int, extra: dict, **fl
     settings = {
         "address": f"127.0.0.1:{port}",
         "min_nodes": 2,
+        "expected_sites": 3,
         "register_timeout_s": 300,
         "pooled_scoring": True,
         "certs_dir": "certs",
@@ -164,7 +182,7 @@ def test_three_nodes_equal_the_in_process_simulation_and_intruders_cannot_join(f
         summary = _finish(fed, "equal", coordinator)
     finally:
         _stop(intruders)
-    expected = run_simulation(ExperimentConfig(runs_dir=str(fed.root / "sim"), **SMALL))
+    expected = _simulated(fed, "sim")
     assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
     assert summary["site_auc"] == pytest.approx(expected["site_auc"], abs=1e-6)
     got = _rows(fed.root / "runs_equal", summary["run_id"])
@@ -229,9 +247,7 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
         return original(self, broadcast)
 
     monkeypatch.setattr(Node, "train", train)
-    options = {**SMALL, **last, "rounds": rounds}
-    config = ExperimentConfig(runs_dir=str(fed.root / "sim_rejoin"), **options)
-    expected = run_simulation(config)
+    expected = _simulated(fed, "sim_rejoin", **last, rounds=rounds)
     _assert_same_model(summary, expected)
     want = _rows(fed.root / "sim_rejoin", expected["run_id"])
     done = [  # rows of rounds every transport completed, training and evaluation
@@ -257,8 +273,7 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     args = ("coordinator", "--resume", run_id, "--runs-dir", str(runs), "--json")
     summary = _finish(fed, "resumed", _start(fed.root, *args, log="resumed.log"))
 
-    config = ExperimentConfig(runs_dir=str(fed.root / "sim_resume"), **{**SMALL, "rounds": 3})
-    expected = run_simulation(config)
+    expected = _simulated(fed, "sim_resume", rounds=3)
     assert summary["run_id"] == run_id
     assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
     _assert_same_model(summary, expected)
