@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,14 @@ def warm_start(
     run_dir: Path,
     transport_for: Callable[[str, Any], Any],
     pooled_scoring: bool = True,
+    personal: Collection[str] = (),
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
     Recorded in the store as its own fedavg run, named in the main run's events.
     ``transport_for(warm_run_id, hyperparameters)`` reaches the same sites' nodes for that
-    run (fedavg with these hyperparameters, cross-entropy)."""
+    run (fedavg with these hyperparameters, cross-entropy). ``personal``: tensors the nodes
+    keep (personal heads), as in the main run."""
     options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
     hyperparameters = ExperimentConfig(**options).backend_hyperparameters()
     backend = build_backend("fedavg", **hyperparameters)
@@ -76,6 +78,7 @@ def warm_start(
         participation=config.participation,
         seed=config.seed,
         pooled_scoring=pooled_scoring,
+        personal=personal,
     )
     try:
         coordinator.run(config.warmup_rounds)

@@ -109,6 +109,7 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     run_dir = Path(config.runs_dir) / run_id
     setup = config.node_setup(run_id, model.config(), num_labels, len(sites))
     personalization = setup.personalization()
+    personal = personalization.personal_names(server.names()) if personalization else ()
     if manifest is not None:
         save_json(manifest, run_dir / PARTITION_FILE)
     started = resuming and not store.rounds(run_id).empty
@@ -119,7 +120,9 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
                 warm = setup.for_run(warm_id, "fedavg", "ce", hyperparameters)
                 return LocalTransport(_nodes(warm, sites, run_dir / "warmup"))
 
-            server.load(warm_start(config, model, store, run_id, run_dir, warm_transport))
+            server.load(
+                warm_start(config, model, store, run_id, run_dir, warm_transport, True, personal)
+            )
         fixed = {s.data.name: s.local_steps for s in sites if s.local_steps is not None}
         coordinator = Coordinator(
             backend,
@@ -131,7 +134,7 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
             participation=config.participation,
             seed=config.seed,
             local_work=config.local_work([s.name for s in data], fixed),
-            personal=personalization.personal_names(server.names()) if personalization else (),
+            personal=personal,
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
             eval_every=config.eval_every,

@@ -105,12 +105,12 @@ def validate_reply(
     """
     where = f"reply from site {reply.site!r}"
     layout = layout or ReplyLayout()
-    model = {n: t for n, t in model.items() if n not in personal}
-    if reply.trained_groups is not None:
+    if reply.trained_groups is not None:  # a suffix of the whole model's layer groups
         try:
             model = trained_part(model, reply.trained_groups)
         except ValueError as exc:
             raise InvalidReply(f"{where}: {exc}") from None
+    model = {n: t for n, t in model.items() if n not in personal}
     if not isinstance(reply.num_examples, int) or reply.num_examples < 1:
         raise InvalidReply(
             f"{where}: num_examples must be a positive integer, got {reply.num_examples!r}"

@@ -304,17 +304,19 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         transport.use(setup)
         store.update_config(run_id, {**config.to_dict(), "flower": asdict(settings)})
         started = resume and not store.rounds(run_id).empty
+        personalization = setup.personalization()
+        personal = personalization.personal_names(server.names()) if personalization else ()
         if config.warmup_rounds and not started:
 
             def warm_transport(warm_id: str, hyperparameters: dict) -> FlowerTransport:
                 return transport.use(setup.for_run(warm_id, "fedavg", "ce", hyperparameters))
 
             tensors = warm_start(
-                config, model, store, run_id, run_dir, warm_transport, settings.pooled_scoring
-            )
+                config, model, store, run_id, run_dir, warm_transport,
+                settings.pooled_scoring, personal,
+            )  # fmt: skip
             server.load(tensors)
             transport.use(setup)
-        personalization = setup.personalization()
         backend = build_backend(config.algorithm, **config.backend_hyperparameters())
         coordinator = Coordinator(
             backend,
@@ -327,7 +329,7 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
             seed=config.seed,
             pooled_scoring=settings.pooled_scoring,
             local_work=config.local_work(sites),
-            personal=personalization.personal_names(server.names()) if personalization else (),
+            personal=personal,
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),
             eval_every=config.eval_every,

@@ -1,0 +1,225 @@
+"""Three hospitals train on their own image files over Flower, as `fed-auc simulate` does.
+
+Each site is one site file next to its own images: a CSV of PNGs, a CSV of DICOMs (half of
+them MONOCHROME1, stored inverted) and a MedMNIST ``.npz``. The experiment uses what a real
+federation needs at once: CODASCA, partial training (one weak site), personal heads and a
+fedavg + cross-entropy warm-up. The Flower run must equal ``fed-auc simulate`` on the same
+three site files: the exported model, and the rows the store keeps (site rounds, ROC points,
+personal AUC, trained groups, data summaries). A node that starts failing mid-run is recorded
+as an error event and the rounds go on with the others (k of n).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fed_auc.experiment import ExperimentConfig
+from fed_auc.io import load_torch
+from fed_auc.simulation import run_simulation
+from fed_auc.store import RunStore
+from fed_auc.transport.flower.launch import free_port
+from tests.data_files import write_dicom, write_npz, write_png
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EXPERIMENT = {
+    "algorithm": "codasca",
+    "rounds": 2,
+    "warmup_rounds": 2,
+    "local_steps": 2,
+    "batch_size": 8,
+    "image_size": 28,
+    "partial_training": True,
+    "personalize": "head",
+    "select": "last",
+}
+SITES = ("pngs", "dicoms", "npz")
+COLUMNS = ["round", "site", "status", "steps", "n", "auc", "val_auc", "personal_auc"]
+COLUMNS += ["update_norm", "bytes_up", "bytes_down"]
+NUMERIC = [c for c in COLUMNS if c not in ("site", "status")]
+
+
+def _csv_site(root: Path, name: str, rows: int, dicom: bool) -> Path:
+    """A CSV of labelled images; positives are brighter in the centre."""
+    rng = np.random.default_rng(len(name))
+    folder = root / name
+    lines = []
+    for i in range(rows):
+        label = int(i % 3 == 0)
+        if dicom:
+            pixels = rng.integers(200, 1800, (16, 16))
+            pixels[5:11, 5:11] += 1500 * label
+            photometric = "MONOCHROME1" if i % 2 else "MONOCHROME2"
+            if photometric == "MONOCHROME1":  # stored inverted: high values are dark
+                pixels = 4095 - pixels
+            rel = f"img/{i:03d}.dcm"
+            write_dicom(folder / rel, pixels, photometric)
+        else:
+            rel = f"img/{i:03d}.png"
+            write_png(folder / rel, 150 if label else 90, seed=i)
+        lines.append({"Path": rel, "label": str(label)})
+    with (folder / "labels.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["Path", "label"])
+        writer.writeheader()
+        writer.writerows(lines)
+    return folder / "labels.csv"
+
+
+def _site_file(root: Path, name: str, spec: str, budget: float | None = None) -> Path:
+    node = f'state_dir = "state/{name}"\n'
+    if budget is not None:
+        node += f"memory_budget = {budget}\n"
+    path = root / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n\n[data]\nspec = "{spec}"\n\n[node]\n{node}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def hospitals(tmp_path_factory):
+    """The three site files and one `fed-auc node` per site (no TLS: loopback only)."""
+    root = tmp_path_factory.mktemp("hospitals")
+    _csv_site(root, "pngs", 48, dicom=False)
+    _csv_site(root, "dicoms", 48, dicom=True)
+    (root / "npz").mkdir()
+    write_npz(root / "npz" / "site.npz", n=(40, 12, 16))
+    files = [
+        _site_file(root, "pngs", "csv:pngs/labels.csv"),
+        _site_file(root, "dicoms", "csv:dicoms/labels.csv", budget=0.15),  # the weak site
+        _site_file(root, "npz", "medmnist:npz/site.npz"),
+    ]
+    port = free_port()
+    nodes = [
+        _fed_auc(root, f"{f.stem}.log", "node", "--site", str(f), "--insecure",
+                 "--coordinator", f"127.0.0.1:{port}")
+        for f in files
+    ]  # fmt: skip
+    yield root, files, port
+    for node in nodes:
+        node.terminate()
+    for node in nodes:
+        node.wait(timeout=60)
+
+
+def _fed_auc(root: Path, log: str, *args: str) -> subprocess.Popen:
+    """``fed-auc *args`` in ``root``, output to ``log``, without PYTHONUNBUFFERED."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    with open(root / log, "a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fed_auc.cli", *args],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _coordinator(root: Path, port: int, name: str, options: dict, **flower) -> subprocess.Popen:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in {**options, "runs_dir": name}.items()]
+    settings = {
+        "address": f"127.0.0.1:{port}",
+        "expected_sites": 3,
+        "min_nodes": 2,
+        "insecure": True,
+        "pooled_scoring": True,
+        **flower,
+    }
+    lines += ["[flower]"] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    (root / f"{name}.toml").write_text("\n".join(lines) + "\n")
+    return _fed_auc(root, f"{name}.log", "coordinator", "--config", f"{name}.toml", "--json")
+
+
+def _summary(root: Path, name: str, process: subprocess.Popen) -> dict:
+    log = root / f"{name}.log"
+    assert process.wait(timeout=600) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    return json.loads(text[text.index('{\n  "run_id"') :])
+
+
+def _store(runs: Path, run_id: str):
+    with RunStore(runs) as store:
+        rows = store.site_rounds(run_id).sort_values(["round", "site"], kind="stable")
+        sites = store.sites(run_id).set_index("site")["summary"]
+        return rows.reset_index(drop=True), sites.map(json.loads), store.events(run_id)
+
+
+def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_files(hospitals):
+    root, files, port = hospitals
+    summary = _summary(root, "flower", _coordinator(root, port, "flower", EXPERIMENT))
+    config = ExperimentConfig(
+        **EXPERIMENT, site_files=[str(f) for f in files], runs_dir=str(root / "sim")
+    )
+    expected = run_simulation(config)
+
+    model = load_torch(Path(summary["model_path"]))
+    for name, tensor in load_torch(Path(expected["model_path"]))["state_dict"].items():
+        torch.testing.assert_close(model["state_dict"][name], tensor, atol=1e-5, rtol=1e-5)
+    assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
+    assert summary["trained_groups"] == expected["trained_groups"]
+    weak = summary["trained_groups"]["dicoms"]
+    assert weak and len(weak) < len(summary["trained_groups"]["pngs"])  # a suffix only
+
+    got, got_sites, events = _store(root / "flower", summary["run_id"])
+    want, want_sites, _ = _store(root / "sim", expected["run_id"])
+    assert got[["site", "status"]].values.tolist() == want[["site", "status"]].values.tolist()
+    assert got[NUMERIC].to_numpy(float) == pytest.approx(
+        want[NUMERIC].to_numpy(float), abs=1e-5, nan_ok=True
+    )
+    trained = got[got["round"] > 0]
+    assert trained["personal_auc"].notna().all()  # scored on each node, head never sent
+    assert got["trained_groups"].tolist() == want["trained_groups"].tolist()
+    for mine, theirs in zip(got["metrics"], want["metrics"], strict=True):
+        assert mine["roc"] and mine["roc"] == pytest.approx(theirs["roc"], abs=1e-6)  # ROC points
+    for site in SITES:  # the nodes' data summaries, computed on the node
+        ours, theirs = got_sites[site], want_sites[site]
+        for split in ("train", "val", "test"):
+            assert ours[split]["n"] == theirs[split]["n"] > 0
+            assert ours[split]["positives"] == theirs[split]["positives"]
+            assert math.isclose(ours[split]["intensity_mean"], theirs[split]["intensity_mean"])
+    assert {got_sites[s]["source"].split(":")[0] for s in SITES} == {"csv", "medmnist"}
+    messages = " ".join(events["message"])
+    assert all(f"site {s} joined after" in messages for s in SITES)  # with the waiting time
+    assert "warm start: 2 fedavg+CE rounds" in messages
+    with RunStore(root / "flower") as store:
+        runs = store.runs()
+    assert set(runs["algorithm"]) == {"codasca", "fedavg"}  # the warm-up is its own run
+
+
+def test_a_node_that_fails_is_an_error_event_and_the_rounds_go_on_without_it(hospitals):
+    root, files, port = hospitals
+    options = {"rounds": 6, "local_steps": 2, "batch_size": 8, "select": "last"}
+    coordinator = _coordinator(root, port, "failing", options)
+    log = root / "failing.log"
+    deadline = time.monotonic() + 400
+    while "round 1:" not in (log.read_text() if log.exists() else ""):
+        assert coordinator.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+    # The npz node can no longer save its local state: its next training requests fail.
+    run_dir = max((root / "state" / "npz").iterdir(), key=lambda p: p.stat().st_mtime)
+    shutil.rmtree(run_dir)
+    run_dir.write_text("not a directory")
+    summary = _summary(root, "failing", coordinator)
+
+    rows, _, events = _store(root / "failing", summary["run_id"])
+    failed = rows[(rows["site"] == "npz") & (rows["status"] == "error")]
+    assert len(failed) >= 1
+    for round_ in failed["round"]:  # the others completed those rounds
+        others = rows[(rows["round"] == round_) & (rows["site"] != "npz")]
+        assert (others["status"] == "completed").all()
+    errors = events[(events["site"] == "npz") & (events["level"] == "error")]
+    assert errors["message"].str.contains("train: error").any()
+    with RunStore(root / "failing") as store:
+        assert store.run(summary["run_id"])["status"] == "completed"
