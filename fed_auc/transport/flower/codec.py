@@ -174,6 +174,7 @@ def reply_frame(reply: Reply) -> Frame:
         "site": reply.site,
         "round": reply.round,
         "phase": reply.phase,
+        "trained_groups": reply.trained_groups,
     }
     return tensor_frame(header, reply.tensors)
 
@@ -188,6 +189,7 @@ def frame_reply(frame: Frame) -> Reply:
         h["site"],
         h.get("round"),  # a reply that does not say is refused by the coordinator
         h.get("phase"),
+        h.get("trained_groups"),  # partial training: the suffix of layer groups it sent
     )
 
 
