@@ -90,9 +90,9 @@ class SiteDefinition:
         node = text.get("node", {})
         if not isinstance(node, dict):
             raise ValueError(f"{path}: node must be a table ([node])")
-        _check_keys(path, "node", node, NODE_KEYS)
-        if "data" in node:  # the old shorthand, before file data
+        if "data" in node:  # the old shorthand, before file data (checked before unknown keys)
             raise ValueError(f"{path}: [node] data moved: use a [data] table with spec = ...")
+        _check_keys(path, "node", node, NODE_KEYS)
         folder = path.parent
         profile, data = None, {}
         if "synthetic" in text:

@@ -15,10 +15,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment import SIMULATED_FEDERATION, ExperimentConfig
 from fed_auc.io import load_state
 from fed_auc.metrics import AUCResult
 from fed_auc.node import Evaluation, SplitEvaluation
+from fed_auc.node_setup import NodeSetup, build_node
+from fed_auc.site import SiteDefinition
 from fed_auc.transport.flower.certs import make_certs
 from fed_auc.transport.flower.cli import load_experiment
 from fed_auc.transport.flower.codec import (
@@ -35,7 +37,7 @@ from fed_auc.transport.flower.codec import (
     reply_frame,
     tensor_frame,
 )
-from fed_auc.transport.flower.worker import NodeWorker, SiteConfig, build_node
+from fed_auc.transport.flower.worker import NodeWorker
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
@@ -141,31 +143,71 @@ def test_the_naive_baseline_never_sends_tags(monkeypatch):
 
 
 # -- node worker ----------------------------------------------------------------------------
-def _site_toml(tmp_path: Path, site: str, index: int, **node) -> Path:
+def _site_toml(tmp_path: Path, site: str, index: int | None, extra: str = "", **node) -> Path:
+    """A demo hospital's site file with its own [node] table (``index`` None: no index)."""
     text = (HOSPITALS / f"{site}.toml").read_text().split("\n[node]")[0]
     table = {"index": index, "state_dir": str(tmp_path / "nodes" / site), "threads": 1, **node}
-    lines = [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    lines = [f"{k} = {json.dumps(v)}" for k, v in table.items() if v is not None]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"{site}.toml"
-    path.write_text(text + "\n[node]\n" + "\n".join(lines) + "\n")
+    path.write_text(text + "\n[node]\n" + "\n".join(lines) + "\n" + extra)
     return path
 
 
 @pytest.mark.parametrize(
     ("node", "message"),
     [
-        ({"index": -1}, "index = -1: must be an integer ≥ 0"),
+        ({"index": -1}, "[node] index = -1: must be an integer ≥ 0"),
+        ({"index": True}, "[node] index = True: must be an integer ≥ 0"),
+        ({"index": None}, "[node] index is required for [synthetic] (it seeds the images)"),
         ({"speed": 3}, "unknown [node] key(s) ['speed']"),
-        ({"data": "pacs"}, "data = 'pacs': only 'synthetic'"),
-        ({"local_steps": 0}, "local_steps = 0: must be an integer ≥ 1"),
+        ({"data": "synthetic"}, "[node] data moved: use a [data] table with spec = ..."),
+        ({"local_steps": 0}, "[node] local_steps = 0: must be an integer ≥ 1"),
+        ({"threads": 1.5}, "[node] threads = 1.5: must be an integer ≥ 1"),
+        ({"memory_budget": "lots"}, "[node] memory_budget: 'lots' is not a size"),
+        ({"memory_budget": "6 parsecs"}, "[node] memory_budget: '6 parsecs' is not a size"),
+        ({"memory_budget": 0}, "[node] memory_budget: must be a fraction in (0, 1] or bytes"),
+        ({"memory_budget": -0.5}, "[node] memory_budget: must be a fraction in (0, 1] or bytes"),
+        ({"augment": "rotate"}, "[node] augment = 'rotate': must be one of"),
+        ({"tta": "rotate"}, "[node] tta = 'rotate': must be one of"),
+        ({"state_dir": 3}, "[node] state_dir = 3: must be a path string"),
+        ({"extra": '[data]\nspec = "medmnist:x.npz"\n'}, "give exactly one of [synthetic]"),
+        ({"extra": 'color = "blue"\n'}, "unknown [node] key(s) ['color']"),
+        ({"extra": '[hospital]\nbeds = 3\n'}, "unknown top-level key(s) ['hospital']"),
+        ({"extra": "[node\n"}, "invalid TOML"),
     ],
-)
+)  # fmt: skip
 def test_site_config_errors_name_the_file_and_field(tmp_path, node, message):
     node = dict(node)
-    path = _site_toml(tmp_path, "mercy_rural", node.pop("index", 2), **node)
+    index = node.pop("index", 2)
+    path = _site_toml(tmp_path, "mercy_rural", index, node.pop("extra", ""), **node)
     with pytest.raises(ValueError, match="mercy_rural.toml") as error:
-        SiteConfig.from_toml(path)
+        SiteDefinition.from_toml(path)
     assert message in str(error.value)
+
+
+def test_a_site_file_without_synthetic_or_data_is_refused(tmp_path):
+    path = tmp_path / "bare.toml"
+    path.write_text('name = "bare"\n[node]\nindex = 0\n')
+    with pytest.raises(ValueError, match=r"bare.toml: give exactly one of \[synthetic\]"):
+        SiteDefinition.from_toml(path)
+    path.write_text('name = "bare"\n[data]\nspec = "medmnist:x.npz"\n[node]\nindex = "zero"\n')
+    with pytest.raises(ValueError, match="bare.toml: \\[node\\] index = 'zero'"):
+        SiteDefinition.from_toml(path)
+
+
+def test_a_good_site_file_gives_its_node_settings_with_paths_from_its_folder(tmp_path):
+    path = _site_toml(
+        tmp_path, "county_general", 1, state_dir="state/here", local_steps=3,
+        memory_budget="6GiB", augment="flip", tta="none",
+    )  # fmt: skip
+    site = SiteDefinition.from_toml(path)
+    assert (site.name, site.index, site.synthetic, site.order) == (
+        "county_general", 1, True, (1, "county_general"),
+    )  # fmt: skip
+    assert site.state_dir == (tmp_path / "state" / "here").resolve()
+    assert (site.local_steps, site.threads, site.augment, site.tta) == (3, 1, "flip", "none")
+    assert site.budget() == "6GiB" and site.seed_index == 1
 
 
 def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
@@ -173,7 +215,6 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     from fed_auc.losses import build_loss
     from fed_auc.models import build_model
     from fed_auc.trainable import Trainable
-    from fed_auc.transport.flower.server import node_setup
 
     config = ExperimentConfig(**SMALL)
     torch.manual_seed(config.seed)
@@ -182,21 +223,25 @@ def _setup(run_id: str = "run1") -> tuple[dict, Broadcast]:
     state = backend.init_server(Trainable(model, build_loss(config.loss, 1, [0.5])), {})
     broadcast = backend.plan(state, 0, "train")
     broadcast.config["pos_ratio"] = [0.2]
-    setup = node_setup(config, run_id, model.config())
-    return setup, broadcast
+    setup = config.node_setup(run_id, model.config(), num_labels=1, num_sites=SMALL["sites"])
+    return setup.to_dict(), broadcast
 
 
 def test_worker_keeps_local_state_across_a_restart(tmp_path):
     """Two rounds with a restart in between end where two rounds without one end."""
     setup, broadcast = _setup()
-    steady = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path / "a", "county_general", 1)))
+    path = _site_toml(tmp_path / "a", "county_general", 1, memory_budget="4GiB")
+    steady = NodeWorker(SiteDefinition.from_toml(path))
     header, _ = steady.handle({"kind": "register", "setup": setup}, [])
-    assert header["site"] == "county_general" and header["registration"]["index"] == 1
+    assert header["site"] == "county_general"
+    assert header["registration"]["order"] == [1, "county_general"]
+    assert header["registration"]["synthetic"] is True
+    assert header["registration"]["memory_budget"] == "4GiB"  # reported; unused here
     assert header["summary"]["train"]["n"] == header["registration"]["n"]
     for _ in range(2):
         expected = frame_reply(steady.handle(*broadcast_frame(broadcast, setup)))
 
-    site = SiteConfig.from_toml(_site_toml(tmp_path / "b", "county_general", 1, local_steps=2))
+    site = SiteDefinition.from_toml(_site_toml(tmp_path / "b", "county_general", 1, local_steps=2))
     frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup)))
     again = frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup)))
     assert again.steps == expected.steps == 2
@@ -212,7 +257,7 @@ def test_a_worker_fed_tags_answers_as_one_fed_every_byte(tmp_path):
     setup, broadcast = _setup()
     replies = []
     for name, tagged in (("full", False), ("tagged", True)):
-        worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path / name, "mercy_rural", 2)))
+        worker = NodeWorker(SiteDefinition.from_toml(_site_toml(tmp_path / name, "mercy_rural", 2)))
         held = worker.handle({"kind": "register", "setup": setup}, [])[0]["cached"]
         assert held == []
         first = worker.handle(*broadcast_frame(broadcast, setup, held if tagged else None))
@@ -232,14 +277,14 @@ def test_a_worker_fed_tags_answers_as_one_fed_every_byte(tmp_path):
 
 def test_site_local_steps_override_the_coordinators(tmp_path):
     setup, broadcast = _setup()
-    site = SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2, local_steps=3))
+    site = SiteDefinition.from_toml(_site_toml(tmp_path, "mercy_rural", 2, local_steps=3))
     assert frame_reply(NodeWorker(site).handle(*broadcast_frame(broadcast, setup))).steps == 3
 
 
 def test_worker_refuses_a_request_older_than_one_it_answered(tmp_path):
     """A late ClientApp for round 1 must not overwrite round 2's pending state."""
     setup, broadcast = _setup()
-    worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
+    worker = NodeWorker(SiteDefinition.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
     later = dataclasses.replace(broadcast, round=1)
     assert frame_reply(worker.handle(*broadcast_frame(later, setup))).round == 1
     pending = tmp_path / "nodes" / "mercy_rural" / "run1" / "local_state.pending.pt"
@@ -250,7 +295,7 @@ def test_worker_refuses_a_request_older_than_one_it_answered(tmp_path):
 
 def test_worker_reports_a_bad_request_kind(tmp_path):
     setup, _ = _setup()
-    worker = NodeWorker(SiteConfig.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
+    worker = NodeWorker(SiteDefinition.from_toml(_site_toml(tmp_path, "mercy_rural", 2)))
     with pytest.raises(ValueError, match="unknown request kind 'fit'"):
         worker.handle({"kind": "fit", "setup": setup}, [])
 
@@ -283,22 +328,68 @@ def test_experiment_config_errors_name_the_file_and_key(tmp_path):
     path.write_text("rounds = 2\n[flower]\nmin_nodes = 0\ninsecure = true\n")
     with pytest.raises(SystemExit, match="min_nodes must be an integer ≥ 1, got 0"):
         load_experiment(path, {})
-    path.write_text("rounds = 2\n[flower]\ncerts_dir = 'certs'\n")
-    experiment = load_experiment(path, {"rounds": 5})
-    assert experiment["simulation"]["rounds"] == 5
-    assert experiment["flower"]["certs_dir"] == str(tmp_path / "certs")
-
-
-@pytest.mark.parametrize(
-    ("line", "named"),
-    [("personalize = 'l2'", "personalize"), ("partial_training = true", "partial_training"),
-     ("data = 'medmnist:x.npz'", "data = 'medmnist:x.npz'")],
-)  # fmt: skip
-def test_options_the_flower_nodes_cannot_honour_are_refused(tmp_path, line, named):
-    path = tmp_path / "exp.toml"
-    path.write_text(f"rounds = 2\n{line}\n[flower]\ninsecure = true\n")
-    with pytest.raises(SystemExit, match=f"{named}.*not supported over Flower yet"):
+    path.write_text("rounds = 2\ncolour = 1\n[flower]\ninsecure = true\n")
+    with pytest.raises(SystemExit, match=r"exp.toml: unknown key\(s\) \['colour'\]"):
         load_experiment(path, {})
+    path.write_text("rounds = 2\ntransport = 'local'\n[flower]\ninsecure = true\n")
+    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['transport'\]"):
+        load_experiment(path, {})
+    path.write_text("rounds = 2\n[flower]\nexpected_sites = 2\nmin_nodes = 3\ninsecure = true\n")
+    with pytest.raises(SystemExit, match=r"min_nodes \(3\) cannot exceed expected_sites \(2\)"):
+        load_experiment(path, {})
+    path.write_text("rounds = 2\n[flower]\ncerts_dir = 'certs'\nexpected_sites = 3\n")
+    experiment = load_experiment(path, {"rounds": 5, "address": "0.0.0.0:9999"})
+    assert experiment["experiment"]["rounds"] == 5
+    assert experiment["experiment"]["transport"] == "flower"
+    assert experiment["flower"]["certs_dir"] == str(tmp_path / "certs")
+    assert experiment["flower"]["expected_sites"] == 3
+    assert experiment["flower"]["address"] == "0.0.0.0:9999"
+
+
+SIMULATED_LINES = {
+    "sites": "sites = 3",
+    "data": "data = 'medmnist:x.npz'",
+    "partition": "partition = 'iid'",
+    "data_scale": "data_scale = 0.5",
+    "feature_shift": "feature_shift = 0.1",
+    "uncertain": "uncertain = 'ones'",
+    "frontal_only": "frontal_only = true",
+    "skip_bad_images": "skip_bad_images = true",
+    "site_memory": "site_memory = [0.5, 1.0]",
+    "site_local_steps": "site_local_steps = [2, 3]",
+    "site_files": "site_files = ['a.toml']",
+}
+
+
+def test_every_simulated_federation_option_has_a_refusal_case():
+    assert set(SIMULATED_LINES) == set(SIMULATED_FEDERATION)
+
+
+@pytest.mark.parametrize("key", sorted(SIMULATED_LINES))
+def test_options_the_flower_nodes_cannot_honour_are_refused(tmp_path, key):
+    """Options that describe a simulated federation are refused by name: each node owns its
+    data (its site file), and expected_sites says how many to wait for."""
+    path = tmp_path / "exp.toml"
+    path.write_text(f"rounds = 2\n{SIMULATED_LINES[key]}\n[flower]\ninsecure = true\n")
+    with pytest.raises(SystemExit, match="exp.toml") as error:
+        load_experiment(path, {})
+    message = str(error.value)
+    assert f"['{key}'] describe a simulated federation" in message
+    assert "expected_sites" in message
+
+
+def test_options_a_flower_node_honours_itself_are_accepted(tmp_path):
+    """Personalization, partial training and the warm-up now run over Flower as well."""
+    path = tmp_path / "exp.toml"
+    path.write_text(
+        "rounds = 2\npersonalize = 'l2'\npartial_training = true\nwarmup_rounds = 2\n"
+        "[flower]\ninsecure = true\nexpected_sites = 2\n"
+    )
+    experiment = load_experiment(path, {})["experiment"]
+    assert (experiment["personalize"], experiment["partial_training"]) == ("l2", True)
+    assert experiment["warmup_rounds"] == 2
+    config = ExperimentConfig(**experiment)  # what the coordinator rebuilds: still valid
+    assert config.transport == "flower" and config.data_is_synthetic() is None
 
 
 def test_the_supernode_entry_caps_flowers_idle_sleeps():
@@ -346,7 +437,32 @@ def test_flower_object_pulls_retry_within_a_quarter_second():
 def test_a_flower_node_samples_with_the_experiments_batch_floors(tmp_path):
     setup, _ = _setup()
     setup = {**setup, "min_pos_fraction": 0.1, "min_neg_fraction": 0.25}
-    node = build_node(SiteConfig.from_toml(_site_toml(tmp_path, "county_general", 1)), setup)
-    assert (node.batches.min_positives, node.batches.min_negatives) == (
-        math.ceil(0.1 * setup["batch_size"]), math.ceil(0.25 * setup["batch_size"]),
+    worker = NodeWorker(SiteDefinition.from_toml(_site_toml(tmp_path, "county_general", 1)))
+    worker.handle({"kind": "register", "setup": setup}, [])
+    site = worker.site
+    node = build_node(
+        NodeSetup.from_dict(setup), site.load(28, 1, 0, SMALL["data_scale"]), site.seed_index,
+        tmp_path / "direct",
     )  # fmt: skip
+    floors = (math.ceil(0.1 * setup["batch_size"]), math.ceil(0.25 * setup["batch_size"]))
+    for built in (worker._node, node):  # the worker's node is build_node's
+        assert (built.batches.min_positives, built.batches.min_negatives) == floors
+
+
+def test_a_node_trains_within_its_memory_budget_only_under_partial_training(tmp_path):
+    """The site's memory budget (its file's) chooses what it trains when the experiment has
+    partial training; otherwise the node trains the whole model."""
+    from fed_auc.models import group_names
+
+    setup, _ = _setup()
+    site = SiteDefinition.from_toml(_site_toml(tmp_path, "county_general", 1, memory_budget=0.15))
+    data = site.load(28, 1, 0, SMALL["data_scale"])
+    full = build_node(NodeSetup.from_dict(setup), data, 1, tmp_path / "f", site.budget())
+    partial = build_node(
+        NodeSetup.from_dict({**setup, "partial_training": True}), data, 1, tmp_path / "p",
+        site.budget(),
+    )  # fmt: skip
+    assert full.registration()["trained_groups"] is None  # the whole model
+    trained = partial.registration()["trained_groups"]
+    order = group_names(partial.trainable.model)
+    assert 0 < len(trained) < len(order) and trained == order[-len(trained) :]

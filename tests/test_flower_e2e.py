@@ -70,7 +70,7 @@ def _site_toml(root: Path, site: str) -> Path:
     for split in ("n_train", "n_val", "n_test"):
         text = re.sub(
             rf"^{split} = (\d+)",
-            lambda m: f"{split} = {max(2, round(int(m.group(1)) * SCALE))}",
+            lambda m, split=split: f"{split} = {max(2, round(int(m.group(1)) * SCALE))}",
             text,
             flags=re.M,
         )

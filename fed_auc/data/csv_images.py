@@ -41,9 +41,11 @@ def load_csv_images(
     uncertain: str = "zeros",
     frontal_only: bool = False,
     skip_bad_images: bool = False,
+    site: str | None = None,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
-    folder), resized to `image_size`. Errors name the CSV line, column and value."""
+    folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
+    only the rows whose site column has this value (other sites' images are never read)."""
     csv_path = Path(csv_path)
     if uncertain not in UNCERTAIN_POLICIES:
         raise ValueError(
@@ -68,6 +70,13 @@ def load_csv_images(
         raise ValueError(
             f"{csv_path}: missing label column(s) {missing}; found {list(table.columns[:-1])}"
         )
+    if site is not None:
+        site_column = _first(table, SITE_COLUMNS)
+        if site_column is None:
+            raise ValueError(f"{csv_path}: no site column ({list(SITE_COLUMNS)}) to select from")
+        table = table[table[site_column].str.strip() == str(site)]
+        if len(table) == 0:
+            raise ValueError(f"no rows with site {site!r} in {csv_path}")
     if frontal_only:
         if "Frontal/Lateral" not in table.columns:
             raise ValueError(f"{csv_path}: frontal_only needs a 'Frontal/Lateral' column")

@@ -52,8 +52,10 @@ def load_pool(
     uncertain: str = "zeros",
     frontal_only: bool = False,
     skip_bad_images: bool = False,
+    site: str | None = None,
 ) -> ImagePool:
-    """Read a file source (not synthetic) into one pool of images resized to `image_size`."""
+    """Read a file source (not synthetic) into one pool of images resized to `image_size`;
+    `site` (CSV only): just the rows of that site."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
@@ -68,6 +70,7 @@ def load_pool(
             uncertain=uncertain,
             frontal_only=frontal_only,
             skip_bad_images=skip_bad_images,
+            site=site,
         )
     raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
 
@@ -139,8 +142,9 @@ def site_from_config(
         uncertain=table.get("uncertain", "zeros"),
         frontal_only=bool(table.get("frontal_only", False)),
         skip_bad_images=bool(table.get("skip_bad_images", False)),
+        site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
     )
-    if "site" in table:
+    if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:
             raise ValueError(f"site {name!r}: {spec.path} has no site column to select from")
         rows = np.flatnonzero(pool.site == str(table["site"]))
