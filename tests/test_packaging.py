@@ -44,3 +44,26 @@ def test_shipped_configs_are_valid(path):
 
 def test_demo_config_file_matches_the_embedded_demo():
     assert tomllib.loads((ROOT / "configs" / "demo.toml").read_text()) == DEMO
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_transport_imports_the_simulation_or_private_synthetic_helpers():
+    """The layout DESIGN.md fixes: transports share the experiment, site and node code and
+    never reach into the in-process simulation; the library never imports Streamlit."""
+    for path in (ROOT / "fed_auc" / "transport").rglob("*.py"):
+        imported = _imports(path)
+        assert "fed_auc.simulation" not in imported, path
+        assert "fed_auc.data.synthetic" not in imported, path  # sites come from fed_auc.site
+    for path in (ROOT / "fed_auc").rglob("*.py"):
+        assert not any(name.split(".")[0] == "streamlit" for name in _imports(path)), path
