@@ -31,6 +31,7 @@ from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from fed_auc.transport.flower.launch import free_port
 from tests.data_files import write_dicom, write_npz, write_png
+from tests.test_dashboard import PAGES, open_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -164,7 +165,9 @@ def _rounds_recorded(runs: Path) -> int:
         return 0 if ids.empty else len(store.rounds(ids.iloc[0])) - 1  # round 0 too
 
 
-def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_files(hospitals):
+def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_files(
+    hospitals, monkeypatch
+):
     root, files, port = hospitals
     summary = _summary(root, "flower", _coordinator(root, port, "flower", EXPERIMENT))
     config = ExperimentConfig(
@@ -208,6 +211,15 @@ def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_file
     with RunStore(root / "flower") as store:
         runs = store.runs()
     assert set(runs["algorithm"]) == {"codasca", "fedavg"}  # the warm-up is its own run
+    # Every dashboard page shows the deployed run as it shows the simulated one.
+    for page in PAGES:
+        shown = {}
+        for name, run in (("flower", summary["run_id"]), ("sim", expected["run_id"])):
+            at = open_page(monkeypatch, root / name, page, run)
+            shown[name] = (len(at.get("vega_lite_chart")), len(at.info), len(at.metric))
+        assert shown["flower"] == shown["sim"], page
+    roc = open_page(monkeypatch, root / "flower", "roc", summary["run_id"])
+    assert "stores no ROC points" not in " ".join(str(i.value) for i in roc.info)
 
 
 def test_a_node_that_fails_is_an_error_event_and_the_rounds_go_on_without_it(hospitals):

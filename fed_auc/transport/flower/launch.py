@@ -33,6 +33,7 @@ from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
+PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
 
 APP_PYPROJECT = """\
 # Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
@@ -203,7 +204,10 @@ def _serve(
         command += ["--ssl-certfile", str(certs / "server.pem")]
         command += ["--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]
     experiment_file = work_dir / "experiment.json"
-    experiment_file.write_text(json.dumps({**experiment, "summary_file": str(summary_file)}))
+    progress_file = work_dir / "progress.log"
+    progress_file.write_text("")
+    files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
+    experiment_file.write_text(json.dumps({**experiment, **files}))
     with open(work_dir / "superlink.log", "ab") as log:
         superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -217,17 +221,34 @@ def _serve(
         stream = subprocess.Popen(
             run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        done = threading.Event()
+        follower = threading.Thread(target=_follow, args=(progress_file, echo, done))
+        follower.start()
         try:
-            for line in stream.stdout:
+            for line in stream.stdout:  # Flower's own messages (and a ServerApp's traceback)
                 echo(line.rstrip())
         finally:
             if stream.poll() is None:
                 stream.terminate()
+            done.set()
+            follower.join()
         if stream.wait() != 0:
             raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)
+
+
+def _follow(path: Path, echo, done: threading.Event) -> None:
+    """Echo the lines appended to ``path`` as they come, until ``done`` (then the rest)."""
+    with open(path) as lines:
+        while True:
+            finished = done.is_set()
+            for line in lines:
+                echo(line.rstrip())
+            if finished:
+                return
+            done.wait(PROGRESS_POLL_S)
 
 
 def _reachable(address: str) -> str:

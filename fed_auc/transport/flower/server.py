@@ -373,9 +373,13 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Read the experiment file ``fed-auc coordinator`` wrote, run it, leave the summary."""
+    """Read the experiment file ``fed-auc coordinator`` wrote, run it, leave the summary.
+
+    Progress lines go to the experiment's progress file, which ``fed-auc coordinator`` prints
+    as they come: Flower's own log stream delivers a ServerApp's output late, in bursts."""
     backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
     path = Path(str(context.run_config["experiment-file"]))
     experiment = json.loads(path.read_text())
-    summary = run_experiment(grid, experiment, log=lambda line: print(line, flush=True))
+    with open(experiment["progress_file"], "a", buffering=1) as progress:
+        summary = run_experiment(grid, experiment, log=lambda line: print(line, file=progress))
     Path(experiment["summary_file"]).write_text(json.dumps(summary, indent=2))
