@@ -247,3 +247,29 @@ def test_a_node_that_fails_is_an_error_event_and_the_rounds_go_on_without_it(hos
     assert errors["message"].str.contains("train: error").any()
     with RunStore(root / "failing") as store:
         assert store.run(summary["run_id"])["status"] == "completed"
+
+
+def test_a_coordinator_stopped_while_it_waits_for_nodes_marks_its_run_failed(tmp_path):
+    """SIGTERM before any node joined: the run is failed (resumable), never left running."""
+    port = free_port()
+    coordinator = _coordinator(tmp_path, port, "waiting", {"rounds": 2}, expected_sites=2)
+    deadline = time.monotonic() + 300
+    log = tmp_path / "waiting.log"
+    while "waiting for 2 site(s)" not in (log.read_text() if log.exists() else ""):
+        assert coordinator.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+    coordinator.terminate()
+    assert coordinator.wait(timeout=120) != 0
+    with RunStore(tmp_path / "waiting") as store:
+        run_id = store.runs()["id"].iloc[0]
+        assert store.run(run_id)["status"] == "failed"
+        messages = store.events(run_id)["message"].tolist()
+    assert any("coordinator stopped" in m and f"--resume {run_id}" in m for m in messages)
+    assert not _listening(port)  # its SuperLink is gone with it
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

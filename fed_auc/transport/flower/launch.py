@@ -303,7 +303,7 @@ def run_node(
     """
     state_dir = site.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    worker = NodeWorker(site)
+    worker = NodeWorker(site, echo)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
     command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
     command += ["--superlink", coordinator, "--isolation", "process", "--port", str(port)]

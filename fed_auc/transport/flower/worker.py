@@ -11,12 +11,14 @@ lives under ``<state_dir>/<run id>/`` and survives a restart of the node.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
 
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_summary
+from fed_auc.metrics import mean_auc
 from fed_auc.node import Node
 from fed_auc.node_setup import NodeSetup, build_node
 from fed_auc.site import SiteDefinition
@@ -35,8 +37,10 @@ log = logging.getLogger("fed_auc.node")
 class NodeWorker:
     """Answers register / train / evaluate frames with one warm ``Node`` per federated run."""
 
-    def __init__(self, site: SiteDefinition) -> None:
+    def __init__(self, site: SiteDefinition, echo=lambda line: None) -> None:
+        """``echo``: where one line per request handled goes (``fed-auc node`` prints it)."""
         self.site = site
+        self.echo = echo
         self._setup: NodeSetup | None = None
         self._node: Node | None = None
         self._data: tuple[tuple, SiteData] | None = None  # (NodeSetup.data_key, images)
@@ -64,16 +68,32 @@ class NodeWorker:
             if budget is not None:
                 registration["memory_budget"] = budget
             summary = site_summary(node.site)
+            self.echo(f"{node.name}: registered for run {self._setup.run_id}")
             return {"site": node.name, "registration": registration, "summary": summary}, []
         if kind == "train":
             broadcast = frame_broadcast((header, buffers), self._cache)
             self._refuse_stale(node, broadcast.round, broadcast.phase)
             if self.site.local_steps is not None and "local_steps" in broadcast.config:
                 broadcast.config["local_steps"] = self.site.local_steps
-            return reply_frame(node.train(broadcast))
+            start = time.perf_counter()
+            reply = node.train(broadcast)
+            loss = reply.metrics.get("train_loss")
+            self.echo(
+                f"{node.name}: round {broadcast.round + 1} {broadcast.phase}: {reply.steps} steps"
+                + ("" if loss is None else f", loss {loss:.4f}")
+                + f", {time.perf_counter() - start:.1f} s"
+            )
+            return reply_frame(reply)
         if kind == "evaluate":
             tensors = frame_tensors((header, buffers), self._cache)
-            return evaluation_frame(node.evaluate(tensors, pooled=bool(header["pooled"])))
+            evaluation = node.evaluate(tensors, pooled=bool(header["pooled"]))
+            aucs = {name: mean_auc(split.aucs) for name, split in evaluation.splits.items()}
+            shown = ", ".join(
+                f"{name} AUC {'undefined' if auc is None else f'{auc:.3f}'}"
+                for name, auc in aucs.items()
+            )
+            self.echo(f"{node.name}: evaluated: {shown}, {evaluation.duration_s:.1f} s")
+            return evaluation_frame(evaluation)
         raise ValueError(f"unknown request kind {kind!r}")
 
     def _refuse_stale(self, node: Node, round_: int, phase: str) -> None:
