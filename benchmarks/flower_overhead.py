@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,9 @@ SITES = ["st_elsewhere", "county_general", "mercy_rural"]
 
 def serve_node(site_toml: str, coordinator: str, timings: str) -> None:
     """``fed-auc node --insecure``, with the worker's compute per request appended to a file."""
+    from fed_auc.site import SiteDefinition
     from fed_auc.transport.flower.launch import run_node
-    from fed_auc.transport.flower.worker import NodeWorker, SiteConfig
+    from fed_auc.transport.flower.worker import NodeWorker
 
     original = NodeWorker.handle
 
@@ -63,7 +65,7 @@ def serve_node(site_toml: str, coordinator: str, timings: str) -> None:
         return answer
 
     NodeWorker.handle = timed
-    run_node(SiteConfig.from_toml(site_toml), coordinator, None, None)
+    run_node(SiteDefinition.from_toml(site_toml), coordinator, None, None)
 
 
 def wire_per_round(events: list[dict]) -> dict[int, int]:
@@ -120,8 +122,10 @@ def in_process(options: dict, work: Path) -> list[dict]:
         return result
 
     Node.train, Node.evaluate = timed_train, timed_evaluate
+    files = [str(p) for p in site_files(work, options["data_scale"])]
+    config = {k: v for k, v in options.items() if k != "data_scale"}
     try:
-        run_simulation(ExperimentConfig(runs_dir=str(work / "runs"), **options))
+        run_simulation(ExperimentConfig(runs_dir=str(work / "runs"), site_files=files, **config))
     finally:
         Node.train, Node.evaluate = train, evaluate
     return _rounds(round_rows(work / "runs"), compute_per_round(events))
@@ -129,16 +133,16 @@ def in_process(options: dict, work: Path) -> list[dict]:
 
 def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
     port = free_port()
-    lines = [f"{k} = {json.dumps(v)}" for k, v in {**options, "runs_dir": "runs"}.items()]
+    config = {k: v for k, v in options.items() if k != "data_scale"}  # in the site files
+    lines = [f"{k} = {json.dumps(v)}" for k, v in {**config, "runs_dir": "runs"}.items()]
     lines += ["[flower]", f'address = "127.0.0.1:{port}"', "min_nodes = 3", "insecure = true"]
+    lines += [f"expected_sites = {len(SITES)}"]
     (work / "exp.toml").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", PER_TENSOR_ENV: "1" if naive else "0"}
     timings = work / "timings.jsonl"
     nodes = []
-    for index, site in enumerate(SITES):
-        text = (HOSPITALS / f"{site}.toml").read_text().split("\n[node]")[0]
-        toml = work / f"{site}.toml"
-        toml.write_text(f'{text}\n[node]\nindex = {index}\nstate_dir = "{work / site}"\n')
+    for toml in site_files(work, options["data_scale"]):
+        site = toml.stem
         command = [sys.executable, __file__, "node", str(toml), f"127.0.0.1:{port}", str(timings)]
         with open(work / f"{site}.log", "w") as log:
             nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -158,6 +162,23 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
     wire = wire_per_round(events)
     rows = _rounds(round_rows(work / "runs"), compute_per_round(events))
     return [{**r, "wire": wire.get(r["round"], 0)} for r in rows]
+
+
+def site_files(work: Path, scale: float) -> list[Path]:
+    """The demo hospitals as site files, every split scaled by ``scale`` (as ``data_scale``
+    scales the synthetic federation), the same for both transports."""
+    files = []
+    for site in SITES:
+        text = (HOSPITALS / f"{site}.toml").read_text()
+        for split in ("n_train", "n_val", "n_test"):
+            n = int(re.search(rf"^{split} = (\d+)", text, flags=re.M).group(1))
+            text = re.sub(rf"^{split} = \d+", f"{split} = {max(2, round(n * scale))}", text,
+                          flags=re.M)  # fmt: skip
+        text = re.sub(r"^state_dir = .*$", f'state_dir = "{work / site}"', text, flags=re.M)
+        path = work / f"{site}.toml"
+        path.write_text(text)
+        files.append(path)
+    return files
 
 
 def _rounds(rows: list[dict], compute: dict[int, float]) -> list[dict]:
@@ -265,7 +286,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     options = {
         "algorithm": "codasca",
-        "sites": len(SITES),
         "rounds": args.rounds,
         "local_steps": args.local_steps,
         "model": args.model,
