@@ -58,6 +58,15 @@ OPTION_SETS = {
     "crop_flip_tta": {"augment": "crop_flip", "tta": "flip"},
     "best_val_2": {"select": "best_val:2"},
     "multi_label": {"sites": "multi_label"},
+    # beyond the experiment's options: each site file's own node settings, and the options
+    # whose code differs most between the two coordinators
+    "site_node_options": {"partial_training": True, "sites": "node_options"},
+    "warmup": {"warmup_rounds": 1},
+    "participation_range": {"participation": 0.6, "local_steps_range": "1:3"},
+}
+NODE_OPTIONS = {  # [node] lines per site of the "node_options" federation
+    "north": 'local_steps = 3\naugment = "crop_flip"\ntta = "none"\n',
+    "east": "memory_budget = 0.15\n",  # partial training: the weak site trains a suffix
 }
 ROW_COLUMNS = ["round", "site", "status", "steps", "auc", "personal_auc", "trained_groups"]
 ROUND_COLUMNS = ["round", "global_auc", "global_val_auc", "worst_site_auc"]
@@ -180,17 +189,17 @@ def data(tmp_path_factory) -> dict[str, list[tuple[str, str]]]:
         (name, f"csv:{_png_csv(root / f'm_{name}', labels, seed=10 + i)}")
         for i, name in enumerate(["west", "central", "harbor"])
     ]
-    return {"single": single, "multi_label": multi}
+    return {"single": single, "multi_label": multi, "node_options": single}
 
 
-def _site_files(root: Path, sites: list[tuple[str, str]]) -> list[Path]:
+def _site_files(root: Path, sites: list[tuple[str, str]], node: dict[str, str]) -> list[Path]:
     root.mkdir()
     files = []
     for index, (name, spec) in enumerate(sites):
         path = root / f"{name}.toml"
         path.write_text(
             f'name = "{name}"\n\n[data]\nspec = "{spec}"\n\n'
-            f'[node]\nstate_dir = "state/{name}"\nindex = {index}\n'
+            f'[node]\nstate_dir = "state/{name}"\nindex = {index}\n{node.get(name, "")}'
         )
         files.append(path)
     return files
@@ -261,8 +270,9 @@ def test_an_option_trains_the_same_through_node_workers_as_in_process(
     name, data, tmp_path, monkeypatch
 ):
     options = {**BASE, **OPTION_SETS[name]}
-    sites = data[options.pop("sites", "single")]
-    files = _site_files(tmp_path / "sites", sites)
+    federation = options.pop("sites", "single")
+    node = NODE_OPTIONS if federation == "node_options" else {}
+    files = _site_files(tmp_path / "sites", data[federation], node)
 
     expected = run_simulation(
         ExperimentConfig(
@@ -282,10 +292,14 @@ def test_an_option_trains_the_same_through_node_workers_as_in_process(
     assert summary["exported_auc"] == pytest.approx(expected["exported_auc"], abs=1e-6)
 
     for key, value in options.items():  # the option reached the nodes as it was given
-        if key in transport.setup and key not in ("rounds",):
+        if key in transport.setup:
             assert transport.setup[key] == value, key
     trained = got["rows"][got["rows"]["round"] > 0]
-    assert (trained["status"] == "completed").all()
+    statuses = set(trained["status"])
+    if name == "participation_range":  # 2 of the 3 sites per round
+        assert statuses == {"completed", "idle"}
+    else:
+        assert statuses == {"completed"}
     assert len(got["rounds"]) == options["rounds"] + 1
     evaluated = got["rounds"]["global_auc"].notna().tolist()
     if name == "eval_every_2":  # rounds 0, 2 and the last (3)
@@ -296,7 +310,19 @@ def test_an_option_trains_the_same_through_node_workers_as_in_process(
         assert trained["personal_auc"].notna().all()
     if name == "best_val_2":  # the mean of two rounds, scored again by every node
         assert len(summary["averaged_rounds"]) == 2
+    if name == "site_node_options":
+        steps = {site: set(rows["steps"]) for site, rows in trained.groupby("site")}
+        assert steps["north"] == {3} and steps["south"] == {2}  # north's own τ_i
+        groups = summary["trained_groups"]
+        assert 0 < len(groups["east"]) < len(groups["north"])  # the weak site: a suffix
+    if name == "warmup":  # fedavg + CE first, recorded as its own run, in both stores
+        assert _runs(tmp_path / "flower") == _runs(tmp_path / "sim") == 2
     if name == "multi_label":
         assert got["model"]["label_names"] == ["Cardiomegaly", "Edema"]
     # the frames carried tags: some tensors a node already held did not travel again
     assert any(tagged for kind, _, tagged in transport.requests if kind == "train")
+
+
+def _runs(runs: Path) -> int:
+    with RunStore(runs) as store:
+        return len(store.runs())
