@@ -4,7 +4,7 @@ No Flower process runs here: ``FlowerLikeTransport`` has ``FlowerTransport``'s i
 its message handling (frames through Flower records, so the header is JSON; tensors the node
 holds sent as content tags, as its ``cached`` answers say), but hands each request to one
 ``NodeWorker`` per site file, as ``fed-auc node`` does. The Flower ServerApp's own
-``run_experiment`` drives it (only its transport is swapped), and ``run_simulation`` runs the
+``run_experiment`` drives it (only its transport is another), and ``run_simulation`` runs the
 same experiment on the same site files in-process. Both must end with the same server state
 and exported model, and record the same rounds.
 """
@@ -206,7 +206,7 @@ def _site_files(root: Path, sites: list[tuple[str, str]], node: dict[str, str]) 
 
 
 # -- the two runs --------------------------------------------------------------------------
-def _over_worker(options: dict, files: list[Path], runs: Path, monkeypatch) -> tuple:
+def _over_worker(options: dict, files: list[Path], runs: Path) -> tuple:
     """The Flower coordinator's ``run_experiment``, its transport swapped for ours."""
     made: list[FlowerLikeTransport] = []
 
@@ -214,14 +214,13 @@ def _over_worker(options: dict, files: list[Path], runs: Path, monkeypatch) -> t
         made.append(FlowerLikeTransport(files, setup))
         return made[-1]
 
-    monkeypatch.setattr(server, "FlowerTransport", transport)
     config = {**options, "transport": "flower", "runs_dir": str(runs)}
     flower = {"expected_sites": len(files), "min_nodes": len(files), "insecure": True}
     flower["pooled_scoring"] = True  # as in-process: pooled AUCs and thresholds
     with RunStore(runs) as store:
         run_id = store.create_run(options.get("algorithm", "codasca"), config, None)
     experiment = {"experiment": config, "flower": flower, "run_id": run_id}
-    summary = server.run_experiment(None, experiment, log=lambda line: None)
+    summary = server.run_experiment(None, experiment, lambda line: None, transport)
     return summary, made[0]
 
 
@@ -266,9 +265,7 @@ def _assert_same_frame(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 
 @pytest.mark.parametrize("name", list(OPTION_SETS))
-def test_an_option_trains_the_same_through_node_workers_as_in_process(
-    name, data, tmp_path, monkeypatch
-):
+def test_an_option_trains_the_same_through_node_workers_as_in_process(name, data, tmp_path):
     options = {**BASE, **OPTION_SETS[name]}
     federation = options.pop("sites", "single")
     node = NODE_OPTIONS if federation == "node_options" else {}
@@ -279,7 +276,7 @@ def test_an_option_trains_the_same_through_node_workers_as_in_process(
             **options, site_files=[str(f) for f in files], runs_dir=str(tmp_path / "sim")
         )
     )
-    summary, transport = _over_worker(options, files, tmp_path / "flower", monkeypatch)
+    summary, transport = _over_worker(options, files, tmp_path / "flower")
 
     want = _recorded(expected, tmp_path / "sim")
     got = _recorded(summary, tmp_path / "flower")

@@ -267,9 +267,12 @@ def _decode(site: str, decode, frame: Frame):
 
 
 # -- the experiment -----------------------------------------------------------------------
-def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[str, Any]:
+def run_experiment(
+    grid: Grid, experiment: dict[str, Any], log=print, make_transport=FlowerTransport
+) -> dict[str, Any]:
     """What ``run_simulation`` does, with the sites behind Flower instead of in-process: the
-    run ``experiment["run_id"]`` (made by ``fed-auc coordinator``; ``resume``: it has rounds)."""
+    run ``experiment["run_id"]`` (made by ``fed-auc coordinator``; ``resume``: it has rounds).
+    ``make_transport(grid, setup, settings, log, event)``: FlowerTransport's constructor."""
     config = ExperimentConfig(**experiment["experiment"])
     settings = FlowerSettings(**experiment["flower"])
     run_id, resume = experiment["run_id"], bool(experiment.get("resume"))
@@ -287,7 +290,7 @@ def run_experiment(grid: Grid, experiment: dict[str, Any], log=print) -> dict[st
         provisional = config.with_data_kind(True).node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
-        transport = FlowerTransport(grid, provisional, settings, log, event)
+        transport = make_transport(grid, provisional, settings, log, event)
         log(f"run {run_id}: waiting for {settings.expected_sites} site(s), "
             f"at least {settings.min_nodes}")  # fmt: skip
         registrations = transport.register()
