@@ -371,12 +371,18 @@ def _resume_runs_dir(args: argparse.Namespace) -> str:
 def dashboard(runs_dir: str, port: int, host: str) -> int:
     """``streamlit run app/streamlit_app.py``, headless, no usage statistics; the runs
     directory travels in FED_AUC_RUNS_DIR. The app ships with the source tree, not the wheel."""
+    import importlib.util
     import os
     import subprocess
 
     script = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
     if not script.exists():
         raise SystemExit(f"fed-auc dashboard: no app at {script} (needs a source checkout)")
+    if importlib.util.find_spec("streamlit") is None:  # before printing a URL nothing serves
+        raise SystemExit(
+            "fed-auc dashboard needs the dashboard extra (streamlit is missing): "
+            "pip install -c constraints.txt -e '.[dashboard]'"
+        )
     env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
     command = [
         sys.executable, "-m", "streamlit", "run", str(script),

@@ -221,3 +221,18 @@ def test_every_page_explains_an_empty_or_missing_store(monkeypatch, tmp_path, st
     expected = "has no runs yet" if state == "empty" else "No run store"
     for page in visit_every_page(at):
         assert expected in texts(at), page
+
+
+def test_dashboard_without_streamlit_says_which_extra_instead_of_printing_a_url(
+    monkeypatch, capsys
+):
+    import importlib.util
+
+    from fed_auc import cli
+
+    real = importlib.util.find_spec
+    missing = lambda name, *a: None if name == "streamlit" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", missing)
+    with pytest.raises(SystemExit, match=r"dashboard extra .*\[dashboard\]"):
+        cli.dashboard("runs", 8501, "127.0.0.1")
+    assert "http://" not in capsys.readouterr().err

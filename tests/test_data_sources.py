@@ -151,6 +151,9 @@ def test_a_site_toml_data_table_loads_that_sites_rows(tmp_path):
     assert site.name == "north" and site.label_names == FINDINGS
     assert len(site.train) + len(site.val) + len(site.test) == 24
     assert site.meta["patients"] == 12
+    assert site.meta["splits"] == "seeded 70/10/20 by patient (split_seed 0)"
+    card = data_card(site)  # a site file's own rows: no partitioner in its card
+    assert "partition" not in card["details"] and "partitioner" not in str(card["limits"])
     with pytest.raises(ValueError, match="no rows with site 'z'"):
         site_from_config("x", {"spec": f"csv:{csv}", "site": "z"}, image_size=16)
     with pytest.raises(ValueError, match=r"unknown \['path'\]"):

@@ -32,11 +32,21 @@ FILE_NOTE = {
     ],
 }
 
+SITE_FILE_NOTE = {
+    "intended_use": FILE_NOTE["intended_use"],
+    "limits": [
+        "One site's own images, as its site file names them (splits: see Details).",
+        FILE_NOTE["limits"][1],
+    ],
+}
+
 
 def data_card(site: SiteData) -> dict[str, Any]:
     """The card of one site as a JSON-able dict."""
     meta = dict(site.meta)
     note = SYNTHETIC_NOTE if meta.get("source") == "synthetic" else FILE_NOTE
+    if "splits" in meta:  # fed_auc.data.spec.site_from_config: a site file's own data
+        note = SITE_FILE_NOTE
     card: dict[str, Any] = {
         "site": site.name,
         "source": meta.pop("source", "unknown"),

@@ -154,6 +154,16 @@ def site_from_config(
 
     from fed_auc.data.partition import partition_pool
 
-    (site,), _ = partition_pool(pool, "iid", 1, int(table.get("split_seed", seed)))
+    split_seed = int(table.get("split_seed", seed))
+    (site,), _ = partition_pool(pool, "iid", 1, split_seed)
     site.name = name
+    # One hospital's own rows, not a partitioner's share: the card says where its splits
+    # come from instead of "partition: iid".
+    for key in ("partition", "seed", "feature_shift", "removed_for_imratio"):
+        site.meta.pop(key, None)
+    site.meta["splits"] = (
+        "the file's own splits"
+        if pool.split is not None
+        else f"seeded 70/10/20 by patient (split_seed {split_seed})"
+    )
     return site
