@@ -242,3 +242,32 @@ def test_hyperparameters_are_validated():
         build_backend("fedsgda_mb", storm_c=1.0)
     with pytest.raises(ValueError, match="local_steps"):
         build_backend("fedsgda_storm", local_steps=0)
+
+
+@pytest.mark.parametrize("loss_name", ["auc_square", "auc_margin", "ce"])
+@pytest.mark.parametrize("labels", [1, 3])
+def test_full_gradient_with_unknown_labels_equals_the_one_chunk_gradient(loss_name, labels):
+    """NaN labels: each label's loss divides by ITS known rows, so chunks of 5, 5, 2 or of 4
+    rows must give what autograd gives on all 12 rows at once (CheXpert-style blank labels)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, labels)).double()
+    site = Trainable(model, build_loss(loss_name, labels, [0.3] * labels).double())
+    if site.is_minimax:
+        site.loss.a.data.uniform_(0, 1)  # away from 0 so every term has a gradient
+        site.loss.b.data.uniform_(0, 1)
+        site.loss.alpha.data.uniform_(0.2, 1)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(12, 1, 4, 4, generator=gen, dtype=torch.float64)
+    y = (torch.rand(12, labels, generator=gen) < 0.4).double()
+    y[torch.rand(12, labels, generator=gen) < 0.35] = float("nan")
+    y[0:2] = 1.0  # every label has positives, negatives and blanks, unevenly spread
+    y[2:4] = 0.0
+    y[5, 0] = y[6, 0] = y[7, 0] = float("nan")
+    assert torch.isnan(y).any(dim=0).all()
+    loss_value, primal, dual = site.gradients(x, y)  # the reference: one batch of all rows
+    direct = dict(zip([*site.primal, *site.dual], primal + dual, strict=True))
+    for chunk in (5, 4, 12, 1):
+        value, got = full_gradient(copy.deepcopy(site), Stream([], (x, y), chunk), 0.0)
+        assert value == pytest.approx(float(loss_value), rel=1e-12, abs=1e-14), chunk
+        for name, expected in direct.items():
+            torch.testing.assert_close(got[name], expected, rtol=1e-10, atol=1e-13, msg=name)

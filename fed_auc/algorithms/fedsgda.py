@@ -28,8 +28,9 @@ Schedules (App. D.1, t = round): η_t = c_η/(t+1)^ρ, γ_t = c_γ/(t+1)^ρ,
 α_t = β_t = min(1, c_α/(t+1)^{2ρ}).
 
 Choices the paper leaves open:
-- Full local gradient: the loss is a per-example mean, so chunks of ``full_pass`` are
-  combined weighted by chunk size. BatchNorm runs in train mode (batch statistics per
+- Full local gradient: that of one chunk holding the whole split, whatever the chunks of
+  ``full_pass``: chunks weighted by size, or per label by their share of the label's known
+  rows when labels are missing (NaN). BatchNorm runs in train mode (batch statistics per
   chunk), the mode of the local steps whose anchor terms u_t stands in for; running
   statistics touched by these passes are restored, and the collect phase sends no buffers.
 - Anchor gradient ∇F_i(z̄_t; B): a deep copy of the node's Trainable at z̄_t, made once per
@@ -90,23 +91,43 @@ def full_gradient(
 
     ``batches`` must offer ``full_pass()`` (``BatchStream``), which leaves the stream as is.
 
-    Chunk means are weighted by chunk size, so the result is the mean over all n_i rows.
+    The result is that of one chunk holding every row, whatever the chunks. With every label
+    known, chunk means are weighted by chunk size. With unknown (NaN) labels the AUC losses
+    divide each label's sum by ITS known rows, so a chunk's label l is weighted by its share
+    of label l's known rows over the split, n_cl / N_l (the cross-entropy divides by all
+    known entries: n_cl / Σ_l N_l); a first pass over the labels counts them.
     """
     names = [*trainable.primal, *trainable.dual]
-    total, loss, acc = 0, 0.0, None
+    labels = [y for _, y in batches.full_pass()]
+    if not labels:
+        raise RuntimeError("the full pass over the local training split yielded no rows")
+    missing = any(bool(torch.isnan(y).any()) for y in labels)
+    if missing:
+        known = sum((~torch.isnan(y)).sum(dim=0) for y in labels).double()
+        denominators = known if trainable.is_minimax else known.sum().expand_as(known)
+    total = 1.0 if missing else 0.0  # the weights' sum: the shares sum to 1 per label
+    loss, acc = 0.0, None
     trainable.model.train()
     for x, y in batches.full_pass():
-        value, primal_grads, dual_grads = trainable.gradients(x, y)
-        grads, size = primal_grads + dual_grads, len(x)
+        if missing:
+            share = (~torch.isnan(y)).sum(dim=0).double() / denominators.clamp(min=1)
+            if not share.any():
+                continue  # no known label in this chunk: it adds nothing
+            value, primal_grads, dual_grads = trainable.gradients(x, y, label_weights=share)
+            size = 1.0
+        else:
+            value, primal_grads, dual_grads = trainable.gradients(x, y)
+            size = len(x)
+            total += size
+        grads = primal_grads + dual_grads
         with torch.no_grad():
             if acc is None:
                 acc = torch._foreach_mul(grads, float(size))
             else:
                 torch._foreach_add_(acc, grads, alpha=size)
         loss += float(value) * size
-        total += size
     if acc is None:
-        raise RuntimeError("the full pass over the local training split yielded no rows")
+        raise RuntimeError("the full pass over the local training split has no known label")
     with torch.no_grad():
         torch._foreach_div_(acc, float(total))
         if weight_decay:
