@@ -42,6 +42,10 @@ Choices the paper leaves open:
   Clipping (elementwise, network weights) applies to both minibatch gradients identically,
   never to the full gradient. Either way d^{(0)} = (u_t, v_t), K = 1 is a server GDA step
   and STORM with α = 1 is MB. The paper has neither, hence defaults 0 and None.
+- Partial training (weak sites send only an output-side suffix): every mean is taken per
+  variable over the sites that sent it. A variable that no collect responder measured (a
+  collect answered by weak sites only) has no estimate in round t: it does not move on any
+  site that round, and STORM restarts it from the MB estimate when next measured.
 - α is projected on the local iterate after every step, as in the other backends; the
   average of feasible iterates is feasible. Server means follow ``site_weighting`` in both
   phases (uniform = the paper's D).
@@ -247,9 +251,14 @@ class _FedSGDA(Backend):
         trainable.load(model_part(broadcast.tensors))
         anchor = copy.deepcopy(trainable)  # z̄_t for the whole round
         estimate = unprefixed(ESTIMATE, broadcast.tensors)
-        u = [estimate[n] for n in trainable.primal]
-        v = [estimate[n] for n in trainable.dual]
-        primal, dual = list(trainable.primal.values()), list(trainable.dual.values())
+        # partial training: a variable no collect responder measured has no (u_t, v_t) this
+        # round; it stays at z̄_t here (no step), as on the sites that do not train it
+        moving = [n in estimate for n in trainable.primal]
+        moving_dual = [n in estimate for n in trainable.dual]
+        u = [estimate[n] for n in trainable.primal if n in estimate]
+        v = [estimate[n] for n in trainable.dual if n in estimate]
+        primal = [t for t, m in zip(trainable.primal.values(), moving, strict=True) if m]
+        dual = [t for t, m in zip(trainable.dual.values(), moving_dual, strict=True) if m]
         eta, gamma = broadcast.config["lr"], broadcast.config["dual_lr"]
         rule = StepRule(eta, self.weight_decay, self.grad_clip)
         steps = broadcast.config["local_steps"]
@@ -267,9 +276,12 @@ class _FedSGDA(Backend):
                     primal_direction(trainable, gx, rule, None),
                     primal_direction(anchor, ax, rule, None),
                 )
+                d_x = [d for d, m in zip(d_x, moving, strict=True) if m]
                 torch._foreach_add_(d_x, u)
                 torch._foreach_add_(primal, d_x, alpha=-eta)  # descent
                 if dual:
+                    gy = [g for g, m in zip(gy, moving_dual, strict=True) if m]
+                    ay = [g for g, m in zip(ay, moving_dual, strict=True) if m]
                     d_y = torch._foreach_sub(gy, ay)
                     torch._foreach_add_(d_y, v)
                     torch._foreach_add_(dual, d_y, alpha=gamma)  # ascent
@@ -309,9 +321,10 @@ class FedSGDASTORM(_FedSGDA):
         return min(1.0, self.storm_c / (round_ + 1) ** (2 * self.decay_power))
 
     def estimate(self, state: ServerState, current: Tensors, previous: Tensors | None) -> Tensors:
-        if state["estimate"] is None:  # t = 0: u_0, v_0 = MB
-            return current
+        """Per variable; one without u_{t−1} (t = 0, or partial training: no collect
+        responder measured it last round) starts over from the MB estimate, as at t = 0."""
+        last = state["estimate"] or {}
         keep = 1.0 - self.momentum(state["round"])
         return {  # (1 − α_t)(u_{t−1} − ḡ(z̄_{t−1})) + ḡ(z̄_t)
-            n: keep * (u - previous[n]) + current[n] for n, u in state["estimate"].items()
+            n: keep * (last[n] - previous[n]) + g if n in last else g for n, g in current.items()
         }
