@@ -171,6 +171,9 @@ class Coordinator:
             selected = sample_sites(self.sites, fraction, self.seed, round_, phase)
             broadcast = self.backend.plan(self.state, round_, phase)
             broadcast.config["pos_ratio"] = self.pos_ratio
+            if "local_steps" in broadcast.config:  # every site's τ_i, sampled or not
+                steps = {site: self._local_steps(site, broadcast) for site in self.sites}
+                self.state = self.backend.with_local_steps(self.state, steps)
             record.stage = broadcast.config.get("stage", record.stage)
             record.lr = broadcast.config.get("lr", record.lr)
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
@@ -209,11 +212,16 @@ class Coordinator:
             "commit": self.accepted.get(site),
             "continue": kept.get(site),
         }
-        if "local_steps" in config and self.local_work is not None:
-            config["local_steps"] = self.local_work.steps(
-                site, broadcast.round, config["local_steps"]
-            )
+        if "local_steps" in config:
+            config["local_steps"] = self._local_steps(site, broadcast)
         return dataclasses.replace(broadcast, config=config)
+
+    def _local_steps(self, site: str, broadcast: Broadcast) -> int:
+        """τ_i of ``site`` in the broadcast's round: fixed, drawn or the backend's."""
+        default = broadcast.config["local_steps"]
+        if self.local_work is None:
+            return default
+        return self.local_work.steps(site, broadcast.round, default)
 
     def _screen(
         self,

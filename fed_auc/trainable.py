@@ -108,10 +108,25 @@ class Trainable:
         return getattr(self.loss, "dual_min", None)
 
     def gradients(
-        self, x: torch.Tensor, y: torch.Tensor
+        self, x: torch.Tensor, y: torch.Tensor, label_weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order)."""
-        value = self.loss(self.forward(x), y)
+        """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order).
+
+        ``label_weights`` (one per label): the loss is Σ_l weight_l · (the loss of label l
+        alone, the other labels taken as unknown) instead of the loss of all labels, so the
+        chunks of a pass can each be weighted by their share of every label's known rows.
+        """
+        logits = self.forward(x)
+        if label_weights is None:
+            value = self.loss(logits, y)
+        else:
+            column = torch.arange(y.shape[1], device=y.device)
+            terms = [
+                weight * self.loss(logits, torch.where(column == label, y, torch.nan))
+                for label, weight in enumerate(label_weights.tolist())
+                if weight
+            ]
+            value = torch.stack(terms).sum()
         grads = list(torch.autograd.grad(value, self._primal_list + self._dual_list))
         if self.grad_scale:  # per-block learning rates: lr · factor for these tensors
             names = [*self.primal, *self.dual]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
+import random
 import types
 
 import pytest
@@ -12,9 +14,11 @@ import torch
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.algorithms.base import Reply, model_part
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
+from fed_auc.coordinator import Coordinator
+from fed_auc.local_work import LocalWork
 from fed_auc.validation import validate_reply
 from tests.test_algorithms import _batches, _trainable
-from tests.toy import ToyTrainable, weighted_saddle_point, zero_noise
+from tests.toy import ToyTrainable, toy_sites, weighted_saddle_point, zero_noise
 
 PLAIN = {"weight_decay": 0.0, "grad_clip": None, "lr_decay": 1.0}
 F64 = torch.float64
@@ -30,13 +34,17 @@ def _two_sites() -> list[ToyTrainable]:
     return sites
 
 
-def _drive(backend, sites, sizes, taus, rounds, streams=None, participation=None):
-    """plan → client_update (each site with its own τ_i, as the coordinator does) → aggregate."""
+def _drive(backend, sites, sizes, taus, rounds, streams=None, participation=None, tail=0):
+    """plan → every site's τ_i to the backend → client_update (each sampled site with its own
+    τ_i) → aggregate, as the coordinator does. ``participation[r]``: the sites of round r.
+    With ``tail``, also the mean (x, y) of the last ``tail`` rounds."""
     names = [f"site{k}" for k in range(len(sites))]
     streams = streams or [zero_noise() for _ in sites]
     state = backend.init_server(sites[0], dict(zip(names, sizes, strict=True)))
+    mean = 0.0
     for r in range(rounds):
         broadcast = backend.plan(state, r)
+        state = backend.with_local_steps(state, dict(zip(names, taus, strict=True)))
         replies = []
         for k in participation[r] if participation else range(len(sites)):
             config = {**broadcast.config, "local_steps": taus[k]}
@@ -45,7 +53,19 @@ def _drive(backend, sites, sizes, taus, rounds, streams=None, participation=None
             reply.num_examples, reply.site = sizes[k], names[k]
             replies.append(reply)
         state = backend.aggregate(state, replies)
-    return state
+        if r >= rounds - tail:
+            mean = mean + _point(state) / tail
+    return (state, mean) if tail else state
+
+
+def _shuffled_blocks(n: int, rounds: int, seed: int) -> list[list[int]]:
+    """One site per round, in a fresh random order every n rounds: each site is sampled in
+    exactly 1/n of the rounds, as uniform sampling is in expectation, without the drift of
+    an unbalanced count."""
+    rng, pattern = random.Random(seed), []
+    while len(pattern) < rounds:
+        pattern += [[k] for k in rng.sample(range(n), n)]
+    return pattern[:rounds]
 
 
 def _point(state) -> torch.Tensor:
@@ -156,38 +176,87 @@ def test_alpha_is_not_projected_locally_but_clamped_at_the_server():
     assert float(new["model"]["auc/alpha"]) == 0.0
 
 
-def test_partial_participation_scales_by_n_over_c_and_tau_eff_from_participants():
-    site = _two_sites()[0]
-    sizes = {"s0": 10, "s1": 30, "s2": 60}  # p = (0.1, 0.3, 0.6)
-    backend = build_backend("fed_norm_sgda", lr=0.1, server_lr=0.2, server_dual_lr=0.4)
-    state = backend.init_server(site, sizes)
-    x0, a0 = torch.tensor([1.0, -1.0], dtype=F64), torch.tensor([0.5], dtype=F64)
-    state["model"].update({"w/x": x0, "auc/alpha": a0, "buf/m": torch.tensor([0.0])})
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_of_two_sites_per_round_reaches_f_not_the_surrogate(seed):
+    """τ = (2, 5), one site a round: τ_eff must not come from the one participant (it would
+    weight site i by p_i ‖ā_i‖₁ again, the surrogate F̃ 1.1 away from F*)."""
+    sites, sizes, taus = _two_sites(), [10, 10], [2, 5]
+    f_star = torch.cat(weighted_saddle_point(sites, [0.5, 0.5]))
+    f_tilde = torch.cat(weighted_saddle_point(sites, [2 / 7, 5 / 7]))
+    assert float((f_star - f_tilde).norm()) > 1.0
 
-    def reply(gx, gy, buf, a_norm, n):
+    backend = build_backend("fed_norm_sgda", lr=0.002, server_lr=0.01, **PLAIN)
+    pattern = _shuffled_blocks(2, 600, seed)
+    _, mean = _drive(backend, sites, sizes, taus, 600, participation=pattern, tail=100)
+    assert float((mean - f_star).norm()) < 0.02
+    assert float((mean - f_tilde).norm()) > 1.0
+
+
+def test_example_weighting_one_of_three_sites_per_round_reaches_the_p_weighted_saddle():
+    """Sizes 10/30/60, one site a round: the objective is Σ p_i f_i with p = (0.1, 0.3, 0.6),
+    not the p²-weighted one that τ_eff and g both scaled by the participant's p_i give."""
+    sites, sizes, p = toy_sites(3), [10, 30, 60], [0.1, 0.3, 0.6]
+    squared = [p_i**2 / sum(q**2 for q in p) for p_i in p]
+    f_star = torch.cat(weighted_saddle_point(sites, p))
+    f_squared = torch.cat(weighted_saddle_point(sites, squared))
+    assert float((f_star - f_squared).norm()) > 1.0
+
+    backend = build_backend("fed_norm_sgda", lr=0.002, server_lr=0.01, **PLAIN)
+    pattern = _shuffled_blocks(3, 600, seed=0)
+    _, mean = _drive(backend, sites, sizes, [3, 3, 3], 600, participation=pattern, tail=99)
+    assert float((mean - f_star).norm()) < 0.05
+    assert float((mean - f_squared).norm()) > 1.0
+
+
+@pytest.mark.parametrize(("weighting", "momentum"), [("examples", 0.0), ("uniform", 0.9)])
+def test_server_step_is_unbiased_over_the_sampled_sets(weighting, momentum):
+    """Eq. (3) with τ_eff over all n sites: the mean of the new model over every equally likely
+    set C of |C| = 2 of 4 sites is the full-participation model (τ_i differ by site)."""
+    sites, sizes, taus = toy_sites(4), [10, 30, 60, 20], [2, 5, 3, 7]
+    names = [f"site{k}" for k in range(4)]
+    backend = build_backend(
+        "fed_norm_sgda", lr=0.05, momentum=momentum, site_weighting=weighting, **PLAIN
+    )
+    state = backend.init_server(sites[0], dict(zip(names, sizes, strict=True)))
+    state["model"].update({"w/x": torch.tensor([1.0, -2.0], dtype=F64)})
+    broadcast = backend.plan(state, 0)
+    state = backend.with_local_steps(state, dict(zip(names, taus, strict=True)))
+    replies = []
+    for k, site in enumerate(sites):
+        request = dataclasses.replace(
+            broadcast, config={**broadcast.config, "local_steps": taus[k]}
+        )
+        reply, _ = backend.client_update(request, {}, site, zero_noise())
+        reply.num_examples, reply.site = sizes[k], names[k]
+        replies.append(reply)
+    full = _point(backend.aggregate(state, replies))
+    subsets = list(itertools.combinations(replies, 2))
+    mean = sum(_point(backend.aggregate(state, list(c))) for c in subsets) / len(subsets)
+    torch.testing.assert_close(mean, full, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(_point(backend.aggregate(state, list(subsets[0]))), full)
+
+
+def test_fixed_tau_eff_and_buffers_over_the_participants():
+    site = _two_sites()[0]
+    backend = build_backend("fed_norm_sgda", lr=0.1, tau_eff=2.0, site_weighting="uniform")
+    state = backend.init_server(site, {"s0": 10, "s1": 30, "s2": 60})
+    x0 = torch.tensor([1.0, -1.0], dtype=F64)
+    state["model"].update({"w/x": x0, "buf/m": torch.tensor([0.0])})
+
+    def reply(gx, buf, steps):
         tensors = {
             "g/w/x": torch.tensor(gx, dtype=F64),
-            "g/auc/alpha": torch.tensor([gy], dtype=F64),
+            "g/auc/alpha": torch.tensor([0.0], dtype=F64),
             "buf/m": torch.tensor([buf]),
         }
-        return Reply(tensors, steps=int(a_norm), metrics={"a_norm": a_norm}, num_examples=n)
+        return Reply(tensors, steps=steps, metrics={"a_norm": float(steps)}, num_examples=10)
 
-    replies = [reply([1.0, 2.0], 1.0, 2.0, 3.0, 10), reply([-1.0, 0.5], -2.0, 9.0, 5.0, 60)]
-    new = backend.aggregate(state, replies)
-    w = [0.1 * 3 / 2, 0.6 * 3 / 2]  # w̃_i = p_i n / |C|, not renormalized
-    tau_eff = w[0] * 3.0 + w[1] * 5.0
-    gx = w[0] * torch.tensor([1.0, 2.0], dtype=F64) + w[1] * torch.tensor([-1.0, 0.5], dtype=F64)
-    gy = w[0] * 1.0 + w[1] * -2.0
-    assert new["tau_eff"] == pytest.approx(tau_eff)
-    torch.testing.assert_close(new["model"]["w/x"], x0 - tau_eff * 0.2 * gx)
-    torch.testing.assert_close(new["model"]["auc/alpha"], a0 + tau_eff * 0.4 * gy)
-    torch.testing.assert_close(new["model"]["buf/m"], torch.tensor([(0.1 * 2 + 0.6 * 9) / 0.7]))
+    one = backend.aggregate(state, [reply([1.0, 2.0], 2.0, 3), reply([-1.0, 0.5], 9.0, 5)])
+    other = backend.aggregate(state, [reply([1.0, 2.0], 2.0, 1), reply([-1.0, 0.5], 9.0, 9)])
+    assert one["tau_eff"] == other["tau_eff"] == 2.0  # whatever the participants did
+    torch.testing.assert_close(one["model"]["w/x"], other["model"]["w/x"])
+    torch.testing.assert_close(one["model"]["buf/m"], torch.tensor([5.5]))  # their mean
     assert torch.equal(state["model"]["w/x"], x0) and state["round"] == 0  # not mutated
-
-    fixed = build_backend("fed_norm_sgda", lr=0.1, tau_eff=2.0, site_weighting="uniform")
-    new = fixed.aggregate(state, replies)
-    gx_uniform = 0.5 * torch.tensor([1.0, 2.0], dtype=F64) + 0.5 * torch.tensor([-1.0, 0.5])
-    torch.testing.assert_close(new["model"]["w/x"], x0 - 2.0 * 0.1 * gx_uniform)
 
 
 def test_plus_snapshot_travels_every_round_and_refreshes_every_s_rounds():
@@ -273,7 +342,7 @@ def test_hyperparameters_are_validated():
         ("server_dual_lr", float("nan")),
         ("momentum", 1.0),
         ("momentum", -0.1),
-        ("tau_eff", "all"),
+        ("tau_eff", "participants"),
         ("tau_eff", 0),
         ("tau_eff", True),
         ("site_weighting", "steps"),
@@ -286,3 +355,74 @@ def test_hyperparameters_are_validated():
             build_backend("fed_norm_sgda_plus", snapshot_every=bad)
     with pytest.raises(ValueError, match="no hyperparameter 'snapshot_every'"):
         build_backend("fed_norm_sgda", snapshot_every=5)  # only the + variant has a snapshot
+
+
+class _ToyTransport:
+    """Sites of the toy problem behind the coordinator's transport interface."""
+
+    def __init__(self, sites, sizes):
+        pairs = zip(sites, sizes, strict=True)
+        self.sites = {f"site{k}": pair for k, pair in enumerate(pairs)}
+        self.asked: list[dict[str, int]] = []
+
+    def register(self):
+        counts = {"positives": [1], "known": [2], "trained_groups": None}
+        return {name: {"n": size, **counts} for name, (_, size) in self.sites.items()}
+
+    def train(self, requests):
+        self.asked.append({s: b.config["local_steps"] for s, b in requests.items()})
+        answers = {}
+        for name, broadcast in requests.items():
+            site, size = self.sites[name]
+            reply, _ = self.backend.client_update(broadcast, {}, site, zero_noise())
+            reply.site, reply.round, reply.phase = name, broadcast.round, broadcast.phase
+            reply.num_examples = size
+            answers[name] = reply
+        return answers
+
+
+class _NoStore:
+    def record_round(self, run_id, record):
+        pass
+
+    def add_event(self, *args, **kwargs):
+        pass
+
+
+def _coordinated(tmp_path, participation, local_work, rounds=6):
+    sites, sizes = toy_sites(4), [10, 30, 60, 20]
+    backend = build_backend("fed_norm_sgda", lr=0.01, local_steps=4, **PLAIN)
+    transport = _ToyTransport(sites, sizes)
+    transport.backend = backend
+    coordinator = Coordinator(
+        backend, transport, _NoStore(), "run", tmp_path, sites[0],
+        participation=participation, seed=3, local_work=local_work,
+    )  # fmt: skip
+    told, tau_eff = [], []
+    original = backend.with_local_steps
+
+    def recording(state, steps):
+        told.append(dict(steps))
+        return original(state, steps)
+
+    backend.with_local_steps = recording
+    for _ in range(rounds):
+        coordinator.run_round(evaluate=False)
+        tau_eff.append(coordinator.state["tau_eff"])
+    coordinator.close()
+    return told, tau_eff, transport.asked
+
+
+@pytest.mark.parametrize(
+    "work", [LocalWork(fixed={"site0": 2, "site2": 9}), LocalWork(low=1, high=12, seed=5)]
+)
+def test_coordinator_tells_every_sites_tau_and_tau_eff_ignores_who_was_sampled(tmp_path, work):
+    told, tau_eff, asked = _coordinated(tmp_path / "half", 0.5, work)
+    full_told, full_tau_eff, _ = _coordinated(tmp_path / "full", 1.0, work)
+    assert all(len(a) == 2 for a in asked)  # half the sites a round ...
+    for round_, steps in enumerate(told):  # ... but the backend hears of all four
+        assert sorted(steps) == ["site0", "site1", "site2", "site3"]
+        assert all(steps[s] == tau for s, tau in asked[round_].items())  # what they ran
+    assert told == full_told and tau_eff == pytest.approx(full_tau_eff, rel=1e-15)
+    if work.low is not None:
+        assert len(set(tau_eff)) > 1  # τ_i^(t) drawn per round: so is τ_eff^(t)

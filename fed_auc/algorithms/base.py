@@ -193,6 +193,13 @@ class Backend(ABC):
         (such tensors need not travel); called on every valid reply before ``aggregate``."""
         return reply
 
+    def with_local_steps(self, state: ServerState, steps: Mapping[str, int]) -> ServerState:
+        """``state`` told the τ_i that every site runs in the round being planned, sampled or
+        not: the coordinator knows them all (the backend's I, fixed per site, or drawn seeded
+        per site and round). Called after ``plan`` for a phase that asks for local steps, so
+        ``aggregate`` may use them; backends that need no τ_i return ``state`` unchanged."""
+        return state
+
     def phase_participation(self, phase: str) -> float | None:
         """Fraction of sites to sample for ``phase``; None = the run's participation."""
         return None

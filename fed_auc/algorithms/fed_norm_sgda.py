@@ -28,9 +28,12 @@ Implementation choices, where the paper leaves room:
   (y_i^end − y^(t)) / (η_y^c ‖ā_i‖₁) under ``g/``, which equal lines 13–15 exactly.
 - α is NOT projected during local steps (a clamp would break that linearity); the server clamps
   it to ``dual_min`` after line 18 (outside the paper's theory, like LibAUC's PESG clamp).
-- τ_eff: the paper defines it over all n clients (eq. 2), but the server only sees the ‖ā_i‖₁
-  of the participants, so the default is their unbiased estimate Σ_{i∈C} w̃_i ‖ā_i‖₁; a fixed
-  number is the alternative.
+- τ_eff: the paper's eq. (2), Σ_{j=1}^n p_j ‖ā_j‖₁ over ALL n sites. The coordinator knows
+  every site's τ_j of the round, sampled or not (``with_local_steps``); a site it was not told
+  about runs the backend's ``local_steps``. It must not be estimated from the participants:
+  Σ_{i∈C} w̃_i ‖ā_i‖₁ and g_x are each unbiased, their product is not (with one of two sites
+  sampled, E[τ̂ g] = 2 Σ p_i² ‖ā_i‖₁ g_i, the surrogate F̃ again), and with one site per round
+  no estimator of the product is unbiased. A fixed number is the alternative.
 - The + variant's snapshot x̂ travels in every round's broadcast (under ``snap/``), so a client
   first sampled mid-window has it too; the paper's line 5 sends it only at refresh rounds.
 - BatchNorm buffers are outside the paper: they are averaged with weights p_i over participants.
@@ -64,7 +67,7 @@ from fed_auc.trainable import BUFFER, Trainable
 
 GRADIENT = "g/"  # the normalized gradient aggregates (g_x,i, g_y,i) of lines 13–15
 SNAPSHOT = "snap/"  # the + variant's x̂^(s)
-TAU_EFF_MODES = ("participants",)
+TAU_EFF_MODES = ("all_sites",)
 
 
 def momentum_a_norm(steps: int, momentum: float) -> float:
@@ -84,7 +87,7 @@ class FedNormSGDA(Backend):
         server_lr: float | None = None,
         server_dual_lr: float | None = None,
         momentum: float = 0.0,
-        tau_eff: str | float = "participants",
+        tau_eff: str | float = "all_sites",
         site_weighting: str = "examples",
         **common,
     ) -> None:
@@ -132,6 +135,8 @@ class FedNormSGDA(Backend):
             "round": 0,
             "num_sites": len(site_sizes),  # n
             "total_examples": sum(site_sizes.values()),  # N, for p_i = n_i / N
+            "site_sizes": dict(site_sizes),  # n_j of all n sites, for τ_eff (eq. 2)
+            "site_steps": {},  # τ_j of the round being run (default: local_steps)
             "dual_min": trainable.dual_min,
             "primal": list(trainable.primal),
             "dual": list(trainable.dual),
@@ -157,10 +162,7 @@ class FedNormSGDA(Backend):
         else:
             p = [r.num_examples / state["total_examples"] for r in replies]
         scaled = [p_i * n / chosen for p_i in p]  # eq. (3): w̃_i = w_i n / |C|, w_i = p_i
-        if self.tau_eff == "participants":
-            tau_eff = sum(w * r.metrics["a_norm"] for w, r in zip(scaled, replies, strict=True))
-        else:
-            tau_eff = float(self.tau_eff)
+        tau_eff = self.effective_steps(state)
         g = weighted_mean([unprefixed(GRADIENT, r.tensors) for r in replies], scaled)  # line 17
         rates = self._rates(state["round"])
         previous = state["model"]
@@ -176,6 +178,20 @@ class FedNormSGDA(Backend):
         if any(buffers):  # not in the paper: Σ p_i buf_i / Σ p_i over the participants
             model.update(weighted_mean(buffers, [p_i / sum(p) for p_i in p]))
         return {**state, "round": state["round"] + 1, "model": model, "tau_eff": tau_eff}
+
+    def with_local_steps(self, state: ServerState, steps: Mapping[str, int]) -> ServerState:
+        return {**state, "site_steps": {site: int(tau) for site, tau in steps.items()}}
+
+    def effective_steps(self, state: ServerState) -> float:
+        """τ_eff = Σ_{j=1}^n p_j ‖ā_j‖₁ over every site, sampled or not (eq. 2)."""
+        if not isinstance(self.tau_eff, str):
+            return float(self.tau_eff)
+        sizes, steps, total = state["site_sizes"], state["site_steps"], state["total_examples"]
+        tau_eff = 0.0
+        for site, n_j in sizes.items():
+            p_j = 1.0 / len(sizes) if self.site_weighting == "uniform" else n_j / total
+            tau_eff += p_j * momentum_a_norm(steps.get(site, self.local_steps), self.momentum)
+        return tau_eff
 
     # -- client -------------------------------------------------------------------------
     def _snapshot(self, broadcast: Broadcast) -> dict[str, torch.Tensor] | None:

@@ -28,8 +28,9 @@ Schedules (App. D.1, t = round): η_t = c_η/(t+1)^ρ, γ_t = c_γ/(t+1)^ρ,
 α_t = β_t = min(1, c_α/(t+1)^{2ρ}).
 
 Choices the paper leaves open:
-- Full local gradient: the loss is a per-example mean, so chunks of ``full_pass`` are
-  combined weighted by chunk size. BatchNorm runs in train mode (batch statistics per
+- Full local gradient: that of one chunk holding the whole split, whatever the chunks of
+  ``full_pass``: chunks weighted by size, or per label by their share of the label's known
+  rows when labels are missing (NaN). BatchNorm runs in train mode (batch statistics per
   chunk), the mode of the local steps whose anchor terms u_t stands in for; running
   statistics touched by these passes are restored, and the collect phase sends no buffers.
 - Anchor gradient ∇F_i(z̄_t; B): a deep copy of the node's Trainable at z̄_t, made once per
@@ -41,6 +42,10 @@ Choices the paper leaves open:
   Clipping (elementwise, network weights) applies to both minibatch gradients identically,
   never to the full gradient. Either way d^{(0)} = (u_t, v_t), K = 1 is a server GDA step
   and STORM with α = 1 is MB. The paper has neither, hence defaults 0 and None.
+- Partial training (weak sites send only an output-side suffix): every mean is taken per
+  variable over the sites that sent it. A variable that no collect responder measured (a
+  collect answered by weak sites only) has no estimate in round t: it does not move on any
+  site that round, and STORM restarts it from the MB estimate when next measured.
 - α is projected on the local iterate after every step, as in the other backends; the
   average of feasible iterates is feasible. Server means follow ``site_weighting`` in both
   phases (uniform = the paper's D).
@@ -90,23 +95,43 @@ def full_gradient(
 
     ``batches`` must offer ``full_pass()`` (``BatchStream``), which leaves the stream as is.
 
-    Chunk means are weighted by chunk size, so the result is the mean over all n_i rows.
+    The result is that of one chunk holding every row, whatever the chunks. With every label
+    known, chunk means are weighted by chunk size. With unknown (NaN) labels the AUC losses
+    divide each label's sum by ITS known rows, so a chunk's label l is weighted by its share
+    of label l's known rows over the split, n_cl / N_l (the cross-entropy divides by all
+    known entries: n_cl / Σ_l N_l); a first pass over the labels counts them.
     """
     names = [*trainable.primal, *trainable.dual]
-    total, loss, acc = 0, 0.0, None
+    labels = [y for _, y in batches.full_pass()]
+    if not labels:
+        raise RuntimeError("the full pass over the local training split yielded no rows")
+    missing = any(bool(torch.isnan(y).any()) for y in labels)
+    if missing:
+        known = sum((~torch.isnan(y)).sum(dim=0) for y in labels).double()
+        denominators = known if trainable.is_minimax else known.sum().expand_as(known)
+    total = 1.0 if missing else 0.0  # the weights' sum: the shares sum to 1 per label
+    loss, acc = 0.0, None
     trainable.model.train()
     for x, y in batches.full_pass():
-        value, primal_grads, dual_grads = trainable.gradients(x, y)
-        grads, size = primal_grads + dual_grads, len(x)
+        if missing:
+            share = (~torch.isnan(y)).sum(dim=0).double() / denominators.clamp(min=1)
+            if not share.any():
+                continue  # no known label in this chunk: it adds nothing
+            value, primal_grads, dual_grads = trainable.gradients(x, y, label_weights=share)
+            size = 1.0
+        else:
+            value, primal_grads, dual_grads = trainable.gradients(x, y)
+            size = len(x)
+            total += size
+        grads = primal_grads + dual_grads
         with torch.no_grad():
             if acc is None:
                 acc = torch._foreach_mul(grads, float(size))
             else:
                 torch._foreach_add_(acc, grads, alpha=size)
         loss += float(value) * size
-        total += size
     if acc is None:
-        raise RuntimeError("the full pass over the local training split yielded no rows")
+        raise RuntimeError("the full pass over the local training split has no known label")
     with torch.no_grad():
         torch._foreach_div_(acc, float(total))
         if weight_decay:
@@ -226,9 +251,14 @@ class _FedSGDA(Backend):
         trainable.load(model_part(broadcast.tensors))
         anchor = copy.deepcopy(trainable)  # z̄_t for the whole round
         estimate = unprefixed(ESTIMATE, broadcast.tensors)
-        u = [estimate[n] for n in trainable.primal]
-        v = [estimate[n] for n in trainable.dual]
-        primal, dual = list(trainable.primal.values()), list(trainable.dual.values())
+        # partial training: a variable no collect responder measured has no (u_t, v_t) this
+        # round; it stays at z̄_t here (no step), as on the sites that do not train it
+        moving = [n in estimate for n in trainable.primal]
+        moving_dual = [n in estimate for n in trainable.dual]
+        u = [estimate[n] for n in trainable.primal if n in estimate]
+        v = [estimate[n] for n in trainable.dual if n in estimate]
+        primal = [t for t, m in zip(trainable.primal.values(), moving, strict=True) if m]
+        dual = [t for t, m in zip(trainable.dual.values(), moving_dual, strict=True) if m]
         eta, gamma = broadcast.config["lr"], broadcast.config["dual_lr"]
         rule = StepRule(eta, self.weight_decay, self.grad_clip)
         steps = broadcast.config["local_steps"]
@@ -246,9 +276,12 @@ class _FedSGDA(Backend):
                     primal_direction(trainable, gx, rule, None),
                     primal_direction(anchor, ax, rule, None),
                 )
+                d_x = [d for d, m in zip(d_x, moving, strict=True) if m]
                 torch._foreach_add_(d_x, u)
                 torch._foreach_add_(primal, d_x, alpha=-eta)  # descent
                 if dual:
+                    gy = [g for g, m in zip(gy, moving_dual, strict=True) if m]
+                    ay = [g for g, m in zip(ay, moving_dual, strict=True) if m]
                     d_y = torch._foreach_sub(gy, ay)
                     torch._foreach_add_(d_y, v)
                     torch._foreach_add_(dual, d_y, alpha=gamma)  # ascent
@@ -288,9 +321,10 @@ class FedSGDASTORM(_FedSGDA):
         return min(1.0, self.storm_c / (round_ + 1) ** (2 * self.decay_power))
 
     def estimate(self, state: ServerState, current: Tensors, previous: Tensors | None) -> Tensors:
-        if state["estimate"] is None:  # t = 0: u_0, v_0 = MB
-            return current
+        """Per variable; one without u_{t−1} (t = 0, or partial training: no collect
+        responder measured it last round) starts over from the MB estimate, as at t = 0."""
+        last = state["estimate"] or {}
         keep = 1.0 - self.momentum(state["round"])
         return {  # (1 − α_t)(u_{t−1} − ḡ(z̄_{t−1})) + ḡ(z̄_t)
-            n: keep * (u - previous[n]) + current[n] for n, u in state["estimate"].items()
+            n: keep * (last[n] - previous[n]) + g if n in last else g for n, g in current.items()
         }
