@@ -70,6 +70,27 @@ def stale(reply):
     reply.round = reply.round - 1
 
 
+def zero_steps(reply):
+    reply.steps = 0
+
+
+def too_many_steps(reply):
+    reply.steps = 10**6
+
+
+def inflated_examples(reply):
+    reply.num_examples = 10**9
+
+
+def absurd_a_norm(reply):
+    reply.metrics["a_norm"] = 1e12
+
+
+def absurd_gradient(reply):
+    for name in [n for n in reply.tensors if n.startswith("g/")]:
+        reply.tensors[name] = reply.tensors[name] * 1e6
+
+
 TAMPERINGS = {
     "nan": (nan, "contains NaN or infinite values"),
     "inf": (inf, "'auc/a' contains NaN or infinite"),
@@ -80,10 +101,13 @@ TAMPERINGS = {
     "absurd norm": (absurd_norm, "exceeds the bound"),
     "duplicated site id": (impostor, f"claims to come from site '{OTHER}'"),
     "wrong round": (stale, "phase 'train', but round"),
+    "zero steps": (zero_steps, "steps = 0, outside 1 ≤ steps ≤ 2"),
+    "too many steps": (too_many_steps, "steps = 1000000, outside 1 ≤ steps ≤ 2"),
+    "inflated num_examples": (inflated_examples, "but the site registered"),
 }
 
 
-def run(tmp_path, monkeypatch, change) -> dict:
+def run(tmp_path, monkeypatch, change, **changes) -> dict:
     original = Node.train
 
     def train(self, broadcast):
@@ -92,7 +116,7 @@ def run(tmp_path, monkeypatch, change) -> dict:
         return change(self, broadcast, original)
 
     monkeypatch.setattr(Node, "train", train)
-    config = ExperimentConfig(runs_dir=str(tmp_path), max_update_norm=1e3, **SMALL)
+    config = ExperimentConfig(runs_dir=str(tmp_path), max_update_norm=1e3, **{**SMALL, **changes})
     return run_simulation(config)
 
 
@@ -133,6 +157,65 @@ def test_hostile_reply_is_rejected_recorded_and_never_averaged(
         assert store.run(summary["run_id"])["status"] == "completed"
     model = load_torch(summary["model_path"])["state_dict"]
     for name, tensor in excluded.items():  # as if the site had not answered at all
+        assert torch.equal(model[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def silent(tmp_path_factory):
+    """Final model of a run where the bad site's node fails in the given phases (cached)."""
+    cache: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+
+    def reference(algorithm: str, phase: str) -> dict[str, torch.Tensor]:
+        if (algorithm, phase) not in cache:
+            monkeypatch = pytest.MonkeyPatch()
+
+            def fail(self, broadcast, original):
+                if broadcast.phase != phase:
+                    return original(self, broadcast)
+                raise RuntimeError("node down")
+
+            try:
+                runs = tmp_path_factory.mktemp(f"silent-{algorithm}-{phase}")
+                summary = run(runs, monkeypatch, fail, algorithm=algorithm)
+            finally:
+                monkeypatch.undo()
+            cache[algorithm, phase] = load_torch(summary["model_path"])["state_dict"]
+        return cache[algorithm, phase]
+
+    return reference
+
+
+SCALAR_TAMPERINGS = {  # (algorithm, phase, tamper, message): counts and scalars, per backend
+    "fed_norm_sgda a_norm": ("fed_norm_sgda", "train", absurd_a_norm, "a_norm = 1e+12, but 2"),
+    "fed_norm_sgda direction": ("fed_norm_sgda", "train", absurd_gradient, "exceeds the bound"),
+    "fedsgda gradient": ("fedsgda_mb", "collect", absurd_gradient, "exceeds the bound"),
+    "fedsgda steps": ("fedsgda_mb", "update", zero_steps, "steps = 0, outside"),
+}
+
+
+@pytest.mark.parametrize("kind", list(SCALAR_TAMPERINGS))
+def test_hostile_scalars_of_other_backends_are_rejected_and_never_averaged(
+    tmp_path, monkeypatch, silent, kind
+) -> None:
+    algorithm, phase, tamper, message = SCALAR_TAMPERINGS[kind]
+
+    def hostile(self, broadcast, original):
+        reply = original(self, broadcast)
+        if broadcast.phase == phase:
+            tamper(reply)
+        return reply
+
+    summary = run(tmp_path, monkeypatch, hostile, algorithm=algorithm)
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+        assert set(rows[(rows["site"] == BAD) & (rows["round"] > 0)]["status"]) == {"rejected"}
+        events = store.events(summary["run_id"])
+        rejected = events[events["site"] == BAD]["message"]
+        assert len(rejected) == 2, rejected
+        assert rejected.str.contains(f"{phase}: rejected: ", regex=False).all(), rejected
+        assert rejected.str.contains(message, regex=False).all(), rejected
+    model = load_torch(summary["model_path"])["state_dict"]
+    for name, tensor in silent(algorithm, phase).items():  # as if the site had not answered
         assert torch.equal(model[name], tensor), name
 
 
