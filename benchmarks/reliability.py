@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -163,18 +164,46 @@ def _set(reply: Reply, name: str, value: torch.Tensor) -> None:
     reply.tensors[name] = value
 
 
-HOSTILE: dict[str, Callable[[Reply], None]] = {
-    "NaN": lambda r: r.tensors[_first(r)].view(-1).__setitem__(0, float("nan")),
-    "Inf": lambda r: _set(r, "auc/a", torch.full_like(r.tensors["auc/a"], float("inf"))),
-    "wrong name": lambda r: _set(r, "w/evil", r.tensors.pop(_first(r))),
-    "wrong shape": lambda r: _set(r, _first(r), r.tensors[_first(r)].flatten()[:-1]),
-    "wrong dtype": lambda r: _set(r, _first(r), r.tensors[_first(r)].half()),
-    "oversized payload": lambda r: _set(r, "w/padding", torch.zeros(5_000_000)),
-    "absurd norm": lambda r: [
-        _set(r, n, r.tensors[n] * 1e6) for n in list(r.tensors) if n.startswith("w/")
-    ],
-    "duplicated site id": lambda r: setattr(r, "site", DEFAULT_PROFILES[0].name),
-    "wrong round": lambda r: setattr(r, "round", r.round - 1),
+def _scale(reply: Reply, prefix: str, factor: float) -> None:
+    for name in [n for n in reply.tensors if n.startswith(prefix)]:
+        reply.tensors[name] = reply.tensors[name] * factor
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """A tampering of the bad site's replies, in runs of ``algorithm``, in ``phase`` only
+    (None: every phase)."""
+
+    tamper: Callable[[Reply], None]
+    algorithm: str = "codasca"
+    phase: str | None = None
+
+
+HOSTILE: dict[str, Hostile] = {
+    "NaN": Hostile(lambda r: r.tensors[_first(r)].view(-1).__setitem__(0, float("nan"))),
+    "Inf": Hostile(lambda r: _set(r, "auc/a", torch.full_like(r.tensors["auc/a"], float("inf")))),
+    "wrong name": Hostile(lambda r: _set(r, "w/evil", r.tensors.pop(_first(r)))),
+    "wrong shape": Hostile(lambda r: _set(r, _first(r), r.tensors[_first(r)].flatten()[:-1])),
+    "wrong dtype": Hostile(lambda r: _set(r, _first(r), r.tensors[_first(r)].half())),
+    "oversized payload": Hostile(lambda r: _set(r, "w/padding", torch.zeros(5_000_000))),
+    "absurd norm": Hostile(lambda r: _scale(r, "w/", 1e6)),
+    "duplicated site id": Hostile(lambda r: setattr(r, "site", DEFAULT_PROFILES[0].name)),
+    "wrong round": Hostile(lambda r: setattr(r, "round", r.round - 1)),
+    # counts and scalars: each checked against what the request asked (issue 18, item 7)
+    "steps = 0": Hostile(lambda r: setattr(r, "steps", 0)),
+    "steps > asked": Hostile(lambda r: setattr(r, "steps", 10**6)),
+    "inflated num_examples (Fed-Norm-SGDA)": Hostile(
+        lambda r: setattr(r, "num_examples", 10**9), "fed_norm_sgda"
+    ),
+    "a_norm = 1e12 (Fed-Norm-SGDA)": Hostile(
+        lambda r: r.metrics.__setitem__("a_norm", 1e12), "fed_norm_sgda"
+    ),
+    "absurd normalized direction (Fed-Norm-SGDA)": Hostile(
+        lambda r: _scale(r, "g/", 1e6), "fed_norm_sgda"
+    ),
+    "absurd full gradient (FedSGDA-MB collect)": Hostile(
+        lambda r: _scale(r, "g/", 1e6), "fedsgda_mb", "collect"
+    ),
 }
 
 
@@ -182,15 +211,18 @@ def hostile_replies(workdir: Path, small: dict = SMALL) -> dict:
     """Every kind of hostile reply from one site in every round; count what got averaged in."""
     out = {"tried": 0, "averaged": 0, "events": 0, "runs_completed": 0, "kinds": len(HOSTILE)}
     out["lost"] = 0
-    for i, tamper in enumerate(HOSTILE.values()):
+    for i, kind in enumerate(HOSTILE.values()):
 
-        def hostile(self, broadcast, original, tamper=tamper):
+        def hostile(self, broadcast, original, kind=kind):
             reply = original(self, broadcast)
-            tamper(reply)
+            if kind.phase is None or broadcast.phase == kind.phase:
+                kind.tamper(reply)
             return reply
 
         runs = workdir / f"hostile{i}"
-        summary = with_node_behaviour(hostile, runs, small, max_update_norm=1e3)
+        summary = with_node_behaviour(
+            hostile, runs, small, max_update_norm=1e3, algorithm=kind.algorithm
+        )
         with RunStore(runs) as store:
             rows = store.site_rounds(summary["run_id"]).query("round > 0 and site == @BAD")
             events = store.events(summary["run_id"]).query("site == @BAD")
@@ -366,7 +398,10 @@ def render(
         f"**{hostile['averaged']} averaged in** (target 0); {hostile['events']} rejection "
         "events |",
         "",
-        "Hostile kinds: " + ", ".join(HOSTILE) + " (norm bound `--max-update-norm 1000`).",
+        "Hostile kinds (CODASCA unless named): "
+        + ", ".join(HOSTILE)
+        + " (norm bound `--max-update-norm 1000`: ‖v_k − v‖ of iterates, the step the server "
+        "takes for a normalized direction or a full gradient).",
         "",
         "| bad input kind | tried | clear error (names file / field / value) |",
         "|---|---|---|",

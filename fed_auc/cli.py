@@ -99,7 +99,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-update-norm",
         type=float,
-        help="reject a reply whose update ‖w_k − w‖ exceeds this bound (default: no bound)",
+        help="reject a reply whose update (‖v_k − v‖, or the step a gradient reply makes the "
+        "server take) exceeds this bound (default: no bound)",
     )
     p.add_argument(
         "--aggregation",

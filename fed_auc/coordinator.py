@@ -250,7 +250,14 @@ class Coordinator:
                 continue
             try:
                 validate_answer(
-                    answer, site, requests[site], layout, self.max_update_norm, self.personal
+                    answer,
+                    site,
+                    requests[site],
+                    layout,
+                    self.max_update_norm,
+                    self.personal,
+                    backend=self.backend,
+                    registered_examples=int(self.registrations[site]["n"]),
                 )
             except InvalidReply as exc:
                 row.status = "rejected"

@@ -115,7 +115,8 @@ class ExperimentConfig:
     # Test-time augmentation of every scored split (fed_auc.tta): none or flip. None: flip
     # when training flips the images (a model trained on mirrors scores both alike), else none.
     tta: str | None = None
-    # Reliability and privacy: replies whose ‖w_k − w‖ exceeds the bound are rejected; with
+    # Reliability and privacy: replies whose update (‖v_k − v‖ of iterates, the server step of a
+    # gradient reply: Backend.update_norm) exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
     max_update_norm: float | None = None

@@ -4,7 +4,11 @@ A backend declares, per phase, the layout of a reply (``Backend.reply_layout``):
 prefix, one tensor per variable of the model (``""`` = the iterates themselves, ``"dc/"`` =
 CODASCA's control-variate change, ``"g/"`` = a gradient...), plus the BatchNorm buffers or not.
 A reply must carry exactly those tensors, each with the shape and dtype of the model tensor it
-refers to and finite values, and sensible counts.
+refers to and finite values, and counts that match the request: 1 ≤ steps ≤ the local steps
+asked for, num_examples = what the site registered. A backend checks the scalars it uses
+(``Backend.check_reply``, e.g. Fed-Norm-SGDA's ‖ā_i‖₁) and says how far a reply would move the
+model (``Backend.update_norm``), which ``--max-update-norm`` bounds for every kind of reply:
+iterates, gradients and normalized directions alike.
 """
 
 from __future__ import annotations
@@ -14,9 +18,16 @@ from collections.abc import Collection
 
 import torch
 
-from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout, model_part
+from fed_auc.algorithms.base import (
+    Backend,
+    Broadcast,
+    Reply,
+    ReplyLayout,
+    iterate_distance,
+    model_part,
+)
 from fed_auc.partial import trained_part
-from fed_auc.trainable import BUFFER, WEIGHT, Tensors
+from fed_auc.trainable import BUFFER, Tensors
 from fed_auc.transport.base import payload_bytes
 
 
@@ -40,12 +51,16 @@ def validate_answer(
     layout: ReplyLayout,
     max_update_norm: float | None = None,
     personal: Collection[str] = (),
+    backend: Backend | None = None,
+    registered_examples: int | None = None,
 ) -> None:
     """Everything the coordinator checks before a node's answer may be aggregated.
 
     The envelope first (it is a reply, from the site that was asked, to this round and phase,
-    no bigger than the layout allows), then the tensors (``validate_reply``), then the size of
-    the update ‖w_k − w‖ against the configured bound.
+    no bigger than the layout allows), then the tensors (``validate_reply``), then its counts
+    against the request (``validate_counts``), then the backend's own scalars
+    (``Backend.check_reply``), then the size of the update the server would apply for it
+    (``Backend.update_norm``; without a backend, ‖v_k − v‖ of the iterates) against the bound.
     """
     if not isinstance(reply, Reply):
         raise InvalidReply(f"answer of site {site!r} is a {type(reply).__name__}, not a Reply")
@@ -65,13 +80,50 @@ def validate_answer(
             f"this phase's layout is {limit} bytes)"
         )
     validate_reply(reply, model, layout, personal)
+    validate_counts(reply, request, registered_examples)
+    if backend is not None:
+        try:
+            backend.check_reply(reply, request)
+        except ValueError as exc:
+            raise InvalidReply(f"reply from site {site!r}: {exc}") from None
     if max_update_norm is not None:
-        norm = update_norm(model, reply.tensors)
-        if norm is not None and norm > max_update_norm:
+        if backend is not None:
+            norm = backend.update_norm(reply, request)
+        else:
+            norm = iterate_distance(model, reply.tensors)
+        if norm is not None and not norm <= max_update_norm:  # NaN fails too
             raise InvalidReply(
-                f"reply from site {site!r}: update norm ‖w_k − w‖ = {norm:.4g} exceeds the "
-                f"bound {max_update_norm:.4g} (--max-update-norm)"
+                f"reply from site {site!r}: the update it makes the server apply has norm "
+                f"{norm:.4g}, which exceeds the bound {max_update_norm:.4g} (--max-update-norm)"
             )
+
+
+def validate_counts(
+    reply: Reply, request: Broadcast, registered_examples: int | None = None
+) -> None:
+    """The reply's counts against what was asked: 1 ≤ steps ≤ the local steps the request
+    asked of this site (0 in a phase that asks for none, such as FedSGDA's gradient
+    collection), and num_examples = the training examples the site registered."""
+    where = f"reply from site {reply.site!r}"
+    steps = reply.steps
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise InvalidReply(f"{where}: steps must be an integer, got {steps!r}")
+    asked = request.config.get("local_steps")
+    if asked is None:
+        if steps != 0:
+            raise InvalidReply(
+                f"{where}: steps = {steps}, but phase {request.phase!r} asks for no local steps"
+            )
+    elif not 1 <= steps <= asked:
+        raise InvalidReply(
+            f"{where}: steps = {steps}, outside 1 ≤ steps ≤ {asked} (the local steps asked for)"
+        )
+    examples = reply.num_examples
+    if registered_examples is not None and examples != registered_examples:
+        raise InvalidReply(
+            f"{where}: num_examples = {examples!r}, but the site registered "
+            f"{registered_examples} training examples"
+        )
 
 
 def payload_size(tensors: object) -> int | None:
@@ -81,15 +133,6 @@ def payload_size(tensors: object) -> int | None:
     ):
         return None
     return payload_bytes(tensors)
-
-
-def update_norm(model: Tensors, returned: Tensors) -> float | None:
-    """‖w_k − w‖ over the network weights a reply returns as iterates (None if it returns none)."""
-    names = [n for n in model if n.startswith(WEIGHT) and n in returned]
-    if not names:
-        return None
-    total = sum(float((returned[n].double() - model[n].double()).pow(2).sum()) for n in names)
-    return math.sqrt(total)
 
 
 def validate_reply(

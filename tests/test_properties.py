@@ -48,7 +48,8 @@ def test_any_config_is_valid_or_refused_naming_the_option(values) -> None:
 
 
 MODEL = {"w/x": torch.zeros(2, 3), "auc/a": torch.zeros(1), "buf/m": torch.zeros(3)}
-REQUEST = Broadcast(round=4, phase="train", tensors=MODEL, config={})
+REQUEST = Broadcast(round=4, phase="train", tensors=MODEL, config={"local_steps": 4})
+REGISTERED = 10  # the training examples site "a" registered
 SHAPES = st.sampled_from([(2, 3), (3, 2), (6,), (1,), (3,), ()])
 DTYPES = st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64])
 TENSORS = st.builds(
@@ -65,8 +66,8 @@ PAYLOADS = st.dictionaries(st.sampled_from(["w/x", "auc/a", "buf/m", "w/evil", "
     PAYLOADS,
     st.sampled_from(["a", "b"]),
     st.integers(2, 6),
-    st.one_of(st.integers(-3, 50), st.floats(), st.none()),
-    st.one_of(st.integers(-2, 10), st.text(max_size=2)),
+    st.one_of(st.just(REGISTERED), st.integers(-3, 50), st.floats(), st.none()),
+    st.one_of(st.integers(-2, 10), st.booleans(), st.text(max_size=2)),
 )
 def test_any_reply_is_accepted_only_if_exactly_right(
     payload, site, round_, examples, steps
@@ -81,13 +82,16 @@ def test_any_reply_is_accepted_only_if_exactly_right(
         )
         and site == "a"
         and round_ == 4
-        and isinstance(examples, int)
-        and examples >= 1
+        and type(examples) is int
+        and examples == REGISTERED
         and isinstance(steps, int)
-        and steps >= 0
+        and not isinstance(steps, bool)
+        and 1 <= steps <= REQUEST.config["local_steps"]  # what was asked, at most
     )
     try:
-        validate_answer(reply, "a", REQUEST, ReplyLayout(), max_update_norm=1e30)
+        validate_answer(
+            reply, "a", REQUEST, ReplyLayout(), max_update_norm=1e30, registered_examples=10
+        )
     except InvalidReply as exc:
         assert not right, str(exc)
         assert "site 'a'" in str(exc)

@@ -21,6 +21,7 @@ import torch
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors, Trainable
 
 ServerState = dict[str, Any]
+DUAL = AUC + "alpha"  # the dual variable α (Trainable.dual)
 LocalState = dict[str, Any]
 
 
@@ -200,6 +201,19 @@ class Backend(ABC):
         ``aggregate`` may use them; backends that need no τ_i return ``state`` unchanged."""
         return state
 
+    def check_reply(self, reply: Reply, request: Broadcast) -> None:
+        """Raise ``ValueError`` naming a count or scalar of ``reply`` that this backend would
+        use and that ``request`` rules out. Called after the generic checks (tensors, finite
+        metrics, 1 ≤ steps ≤ the local steps asked for, the registered number of examples)
+        and before ``update_norm``; the default has nothing more to check."""
+        return None
+
+    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
+        """Norm of the update the server applies for this reply alone, for the bound
+        ``--max-update-norm`` (None: the reply moves nothing). Default: a reply of iterates,
+        ‖v_k − v‖ over the variables it returns (w, a, b, α; not the BatchNorm buffers)."""
+        return iterate_distance(model_part(request.tensors), reply.tensors)
+
     def phase_participation(self, phase: str) -> float | None:
         """Fraction of sites to sample for ``phase``; None = the run's participation."""
         return None
@@ -207,6 +221,29 @@ class Backend(ABC):
     def global_tensors(self, state: ServerState) -> Tensors:
         """The global model (w, a, b, α, buffers) held in a server state."""
         return state["model"]
+
+
+def iterate_distance(model: Tensors, returned: Tensors, prefix: str = "") -> float | None:
+    """‖v_k − v‖ over the model's variables (not buffers) that ``returned`` holds under
+    ``prefix`` (None if it holds none)."""
+    names = [n for n in model if not n.startswith(BUFFER) and prefix + n in returned]
+    if not names:
+        return None
+    return math.sqrt(
+        sum(float((returned[prefix + n].double() - model[n].double()).pow(2).sum()) for n in names)
+    )
+
+
+def scaled_norm(tensors: Tensors, primal_rate: float, dual_rate: float) -> float | None:
+    """‖(η_x g_x, η_y g_y)‖ of a gradient block (α = ``auc/alpha`` takes the dual rate;
+    None if the block is empty)."""
+    if not tensors:
+        return None
+    total = 0.0
+    for name, g in tensors.items():
+        rate = dual_rate if name == DUAL else primal_rate
+        total += rate**2 * float(g.double().pow(2).sum())
+    return math.sqrt(total)
 
 
 def model_part(tensors: Tensors) -> Tensors:

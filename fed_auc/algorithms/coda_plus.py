@@ -31,6 +31,7 @@ from fed_auc.algorithms.base import (
     Reply,
     ReplyLayout,
     ServerState,
+    iterate_distance,
     model_part,
     prefixed,
     site_weights,
@@ -58,6 +59,15 @@ class CODAPlus(Backend):
 
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
         return ReplyLayout(prefixes=("", MEAN) if self.stage_output == "average" else ("",))
+
+    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
+        """‖v_k − v‖ of the end iterate and, with ``stage_output="average"``, of the round's
+        mean iterate (it becomes part of the stage output): the larger counts."""
+        model = model_part(request.tensors)
+        norms = [iterate_distance(model, reply.tensors)]
+        if self.stage_output == "average":
+            norms.append(iterate_distance(model, reply.tensors, MEAN))
+        return max((n for n in norms if n is not None), default=None)
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:

@@ -42,6 +42,7 @@ Implementation choices, where the paper leaves room:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
 
@@ -57,6 +58,7 @@ from fed_auc.algorithms.base import (
     ServerState,
     model_part,
     prefixed,
+    scaled_norm,
     unprefixed,
     validate_choice,
     validate_positive,
@@ -115,6 +117,28 @@ class FedNormSGDA(Backend):
 
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
         return ReplyLayout(prefixes=(GRADIENT,), buffers=True)
+
+    def check_reply(self, reply: Reply, request: Broadcast) -> None:
+        """‖ā_i‖₁ (``a_norm``) scales τ_eff and the step: it must be what ``steps`` heavy-ball
+        steps with this momentum give (the client computes it so, Appendix A.1)."""
+        a_norm = reply.metrics.get("a_norm")
+        if a_norm is None:
+            raise ValueError("metric 'a_norm' (‖ā_i‖₁) is missing")
+        expected = momentum_a_norm(reply.steps, self.momentum)
+        if not math.isclose(a_norm, expected, rel_tol=1e-9):
+            raise ValueError(
+                f"a_norm = {a_norm:.6g}, but {reply.steps} local steps with momentum "
+                f"{self.momentum} give ‖ā_i‖₁ = {expected:.6g}"
+            )
+
+    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
+        """The step line 18 takes if this reply alone is aggregated, with τ_eff its own ‖ā_i‖₁
+        (or the fixed τ_eff): ‖(τ_eff γ_x^s g_x,i, τ_eff γ_y^s g_y,i)‖. With γ^s = η^c it is the
+        site's own local move ‖z_i^end − z‖, the bound an iterate reply gets."""
+        rates = self._rates(request.round)
+        tau = reply.metrics["a_norm"] if isinstance(self.tau_eff, str) else self.tau_eff
+        gradient = unprefixed(GRADIENT, reply.tensors)
+        return scaled_norm(gradient, tau * rates["server_lr"], tau * rates["server_dual_lr"])
 
     def _rates(self, round_: int) -> dict[str, float]:
         """(η_x^c, η_y^c, γ_x^s, γ_y^s) of a round, all divided by the same stage decay."""

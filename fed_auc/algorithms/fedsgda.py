@@ -69,6 +69,7 @@ from fed_auc.algorithms.base import (
     ServerState,
     model_part,
     prefixed,
+    scaled_norm,
     site_weights,
     unprefixed,
     validate_positive,
@@ -175,6 +176,22 @@ class _FedSGDA(Backend):
             prefixes = (GRADIENT, GRADIENT_PREVIOUS) if self.uses_previous else (GRADIENT,)
             return ReplyLayout(prefixes=prefixes, buffers=False)
         return ReplyLayout()
+
+    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
+        """Update phase: ‖z_i^(K) − z̄_t‖. Collect phase: a full gradient moves every client
+        of the next update phase through (u_t, v_t), by η_t (γ_t for α) per local step, so
+        each gradient block (∇f_i(z̄_t), and ∇f_i(z̄_{t−1}) for STORM) is bounded as the move
+        of K = ``local_steps`` such steps, ‖(K η_t g_x, K γ_t g_y)‖; the larger block counts."""
+        if request.phase != "collect":
+            return super().update_norm(reply, request)
+        eta, gamma = self.step_sizes(request.round)
+        k = self.local_steps
+        prefixes = (GRADIENT, GRADIENT_PREVIOUS) if self.uses_previous else (GRADIENT,)
+        norms = [
+            scaled_norm(unprefixed(prefix, reply.tensors), k * eta, k * gamma)
+            for prefix in prefixes
+        ]
+        return max((n for n in norms if n is not None), default=None)
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:

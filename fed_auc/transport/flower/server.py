@@ -321,6 +321,13 @@ def run_experiment(
             server.load(tensors)
             transport.use(setup)
         backend = build_backend(config.algorithm, **config.backend_hyperparameters())
+        # a site file's own τ_i: the requests ask for it, so its replies' steps are checked
+        # against what it runs (fed_auc.validation)
+        fixed_steps = {
+            site: int(r["local_steps"])
+            for site, r in registrations.items()
+            if r.get("local_steps") is not None
+        }
         coordinator = Coordinator(
             backend,
             transport,
@@ -331,7 +338,7 @@ def run_experiment(
             participation=config.participation,
             seed=config.seed,
             pooled_scoring=settings.pooled_scoring,
-            local_work=config.local_work(sites),
+            local_work=config.local_work(sites, fixed_steps),
             personal=personal,
             max_update_norm=config.max_update_norm,
             aggregation=Aggregation.parse(config.aggregation),

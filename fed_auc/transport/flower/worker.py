@@ -67,6 +67,8 @@ class NodeWorker:
             budget = self.site.budget()
             if budget is not None:
                 registration["memory_budget"] = budget
+            if self.site.local_steps is not None:  # the coordinator asks for what it will run
+                registration["local_steps"] = self.site.local_steps
             summary = site_summary(node.site)
             self.echo(f"{node.name}: registered for run {self._setup.run_id}")
             return {"site": node.name, "registration": registration, "summary": summary}, []
