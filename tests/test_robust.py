@@ -67,7 +67,7 @@ def test_median_keeps_a_large_but_finite_attack_out_of_the_model(tmp_path, monke
     for method in ("mean", "median"):
         config = ExperimentConfig(
             runs_dir=str(tmp_path / method),
-            algorithm="coda_plus",  # codasca refuses robust aggregation (its c = mean c^k)
+            algorithm="local_sgda",  # codasca and coda_plus refuse robust aggregation
             sites=4,
             rounds=2,
             local_steps=2,
@@ -80,9 +80,10 @@ def test_median_keeps_a_large_but_finite_attack_out_of_the_model(tmp_path, monke
     assert float(models["median"][weight].abs().mean()) < 1  # the median did not
 
 
-def test_codasca_refuses_robust_aggregation_by_name_with_the_reason(tmp_path) -> None:
-    for method in ("median", "trimmed_mean:0.2"):
-        with pytest.raises(ValueError, match="cannot be used with 'codasca': its control"):
-            ExperimentConfig(runs_dir=str(tmp_path), algorithm="codasca", aggregation=method)
-    ExperimentConfig(runs_dir=str(tmp_path), algorithm="codasca", aggregation="mean")
-    ExperimentConfig(runs_dir=str(tmp_path), algorithm="coda_plus", aggregation="median")
+def test_codasca_and_coda_plus_refuse_robust_aggregation_by_name_with_the_reason(tmp_path):
+    reasons = {"codasca": "its control variates", "coda_plus": "a coordinate-wise median"}
+    for algorithm, reason in reasons.items():
+        for method in ("median", "trimmed_mean:0.2"):
+            with pytest.raises(ValueError, match=f"with '{algorithm}': {reason}"):
+                ExperimentConfig(runs_dir=str(tmp_path), algorithm=algorithm, aggregation=method)
+        ExperimentConfig(runs_dir=str(tmp_path), algorithm=algorithm, aggregation="mean")
