@@ -101,6 +101,7 @@ class Coordinator:
         self.local_work = local_work
         self.max_update_norm = max_update_norm
         self.aggregation = aggregation or Aggregation()
+        self.aggregation.check_backend(backend)
         self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
         self.eval_every = eval_every  # rounds between evaluations (round 0 and the last always)
         self.groups = model_groups(trainable.names())  # layer groups, None for toy models
@@ -109,7 +110,9 @@ class Coordinator:
         self.pos_ratio = global_prevalence(registrations)
         self.registrations = registrations
         sizes = {site: int(r["n"]) for site, r in registrations.items()}
-        self.state: ServerState = backend.init_server(trainable, sizes)
+        self.state: ServerState = backend.register_sites(
+            backend.init_server(trainable, sizes), registrations
+        )
         # [round, phase] of the last reply of each site kept in a committed round
         self.accepted: dict[str, list[int]] = {}
         self.committed_round: int | None = None  # last round in the store

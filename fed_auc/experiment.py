@@ -253,7 +253,8 @@ class ExperimentConfig:
             personalization.check_backend(
                 build_backend(self.algorithm, **self.backend_hyperparameters())
             )
-        build_backend(self.algorithm, **self.backend_hyperparameters())  # validates them
+        backend = build_backend(self.algorithm, **self.backend_hyperparameters())  # validates
+        Aggregation.parse(self.aggregation).check_backend(backend)
 
     def _check_sites_option(self) -> None:
         """Options that describe a simulated federation: refused where sites own their data."""

@@ -167,6 +167,13 @@ class Node:
                 self.trainable,
                 self.batches,
             )
+        reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
+        reply.num_examples = len(self.site.train)
+        reply.trained_groups = self.trainable.trained_groups
+        if self.privacy is not None:  # the state kept must match the reply that leaves
+            sent = self.privacy.privatize(reply, broadcast, self.name)
+            self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
+            reply = sent
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
         state = {
             "tag": self._pending_tag,
@@ -178,11 +185,6 @@ class Node:
         save_state(state, self.pending_path)
         if not self.state_in_memory:  # read back from the pending file when next asked
             self._local_state, self._personal = None, {}
-        reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
-        reply.num_examples = len(self.site.train)
-        reply.trained_groups = self.trainable.trained_groups
-        if self.privacy is not None:
-            reply = self.privacy.privatize(reply, broadcast, self.name)
         return reply
 
     def _sync_local_state(self, broadcast: Broadcast) -> None:

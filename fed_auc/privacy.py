@@ -3,10 +3,14 @@
 The Gaussian mechanism of DP-FedAvg (McMahan et al., 2018), applied on the node so the
 noise is added before anything leaves the hospital. Each block of the reply is treated
 separately: the model iterate as its change from the broadcast model (Δ = w_k − w), every
-other block (CODASCA's Δc, FedSGDA's gradients...) as it is. A block is scaled to L2 norm
-≤ C, then N(0, (σ·C)²) is added to every coordinate. The noise is seeded per
+other block (FedSGDA's gradients...) as it is. A block is scaled to L2 norm ≤ C, then
+N(0, (σ·C)²) is added to every coordinate. The noise is seeded per
 (run seed, site, round, phase), so a resumed run draws the same noise as an uninterrupted one.
 The accounting (ε, δ over rounds) is not done here: the run records C and σ.
+
+CODASCA's Δc^k does not travel: the server derives it from the (privatized) iterate and the
+broadcast, and the node, told what it sent (``Backend.reply_sent``), derives its own c^k from
+the same privatized iterate, so c stays the mean of the c^k (post-processing: no privacy cost).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fed_auc.algorithms.base import Reply
+from fed_auc.algorithms.base import Backend, Reply
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
 
@@ -48,6 +48,14 @@ class Aggregation:
         except ValueError:
             raise ValueError(f"aggregation must look like trimmed_mean:0.2, got {text!r}") from None
         return cls(method, beta)
+
+    def check_backend(self, backend: Backend) -> None:
+        """Refuse, by name and with the reason, a backend that cannot aggregate robustly."""
+        if self.method != "mean" and backend.refuses_robust_aggregation:
+            raise ValueError(
+                f"aggregation {self.method!r} cannot be used with {backend.name!r}: "
+                f"{backend.refuses_robust_aggregation}"
+            )
 
     def apply(self, replies: Sequence[Reply]) -> list[Reply]:
         """The replies with every tensor replaced by the robust statistic over its holders."""

@@ -246,7 +246,7 @@ def test_codasca_random_round_output_restarts_the_next_stage_from_one_rounds_ite
         replies = []
         for k, site in enumerate(sites):
             reply, local[k] = backend.client_update(broadcast, local[k], site, streams[k])
-            reply.num_examples = 1
+            reply.num_examples, reply.site = 1, f"site{k}"
             replies.append(backend.complete_reply(reply, broadcast))
         state = backend.aggregate(state, replies)
         iterates.append(state["model"]["w/x"].clone())

@@ -168,27 +168,35 @@ def test_per_tensor_average_is_exact_on_a_hand_built_example():
     assert new["w/y"].item() == pytest.approx((4 * 10 + 8 * 30) / 100)
 
 
-def test_codasca_control_variates_are_averaged_per_trained_tensor():
+def test_codasca_control_variates_are_averaged_over_every_site_that_trains_the_tensor():
+    """c of a tensor is the mean of c^k over the sites that train it, as registered: a
+    registered weak site not heard from yet does not train the stem, so it is no divisor."""
     server = _trainable()
     backend = build_backend("codasca")
     state = backend.init_server(server, {"strong": 10, "weak": 10, "other": 10})
+    groups = {"strong": None, "weak": ["norm", "classifier"], "other": ["classifier"]}
+    state = backend.register_sites(state, {s: {"trained_groups": g} for s, g in groups.items()})
     model = state["model"]
-    weak_groups = ["norm", "classifier"]
 
-    def reply(site, groups, delta):
-        tensors = dict(model) if groups is None else trained_part(model, groups)
+    def reply(site, delta):
+        tensors = dict(model) if groups[site] is None else trained_part(model, groups[site])
         variables = [n for n in tensors if not n.startswith("buf/")]
         tensors.update({CONTROL_DELTA + n: torch.full_like(model[n], delta) for n in variables})
-        return Reply(tensors, steps=1, num_examples=10, site=site, trained_groups=groups)
+        return Reply(tensors, steps=1, num_examples=10, site=site, trained_groups=groups[site])
 
-    new = backend.aggregate(state, [reply("strong", None, 3.0), reply("weak", weak_groups, 6.0)])
-    head = "w/net.class_layers.out.weight"
-    stem = "w/net.features.conv0.weight"
-    # a, b, α and the head: all 3 sites train them → (3 + 6) / 3; the stem: 2 sites → 3 / 2
-    assert torch.equal(new["control"][head], torch.full_like(model[head], 9.0 / 3))
-    assert torch.equal(new["control"]["auc/a"], torch.full_like(model["auc/a"], 9.0 / 3))
-    assert torch.equal(new["control"][stem], torch.full_like(model[stem], 3.0 / 2))
-    assert new["site_groups"] == {"strong": None, "weak": weak_groups}
+    new = backend.aggregate(state, [reply("strong", 3.0), reply("weak", 6.0)])
+    # every c^k started at 0: the heard sites' c^k are their Δc, "other"'s is still 0
+    own = {"strong": 3.0, "weak": 6.0, "other": 0.0}
+    for name in ("w/net.class_layers.out.weight", "w/net.features.norm5.weight",
+                 "w/net.features.conv0.weight", "auc/a"):  # fmt: skip
+        group = group_of(name[2:]) if name.startswith("w/") else None
+        trainers = [s for s, g in groups.items() if g is None or group is None or group in g]
+        expected = sum(own[s] for s in trainers) / len(trainers)
+        torch.testing.assert_close(new["control"][name], torch.full_like(model[name], expected))
+    # head: all three sites train it → 9/3; norm5: strong and weak → 9/2; stem: strong only
+    head = new["control"]["w/net.class_layers.out.weight"]
+    assert float(head.flatten()[0]) == pytest.approx(3.0)
+    assert float(new["control"]["w/net.features.conv0.weight"].flatten()[0]) == pytest.approx(3.0)
 
 
 # -- whole federations ----------------------------------------------------------------------

@@ -67,6 +67,7 @@ def test_median_keeps_a_large_but_finite_attack_out_of_the_model(tmp_path, monke
     for method in ("mean", "median"):
         config = ExperimentConfig(
             runs_dir=str(tmp_path / method),
+            algorithm="local_sgda",  # codasca and coda_plus refuse robust aggregation
             sites=4,
             rounds=2,
             local_steps=2,
@@ -77,3 +78,12 @@ def test_median_keeps_a_large_but_finite_attack_out_of_the_model(tmp_path, monke
     weight = next(n for n in models["mean"] if n.endswith("conv0.weight"))
     assert float(models["mean"][weight].abs().mean()) > 10  # the mean took the attack in
     assert float(models["median"][weight].abs().mean()) < 1  # the median did not
+
+
+def test_codasca_and_coda_plus_refuse_robust_aggregation_by_name_with_the_reason(tmp_path):
+    reasons = {"codasca": "its control variates", "coda_plus": "a coordinate-wise median"}
+    for algorithm, reason in reasons.items():
+        for method in ("median", "trimmed_mean:0.2"):
+            with pytest.raises(ValueError, match=f"with '{algorithm}': {reason}"):
+                ExperimentConfig(runs_dir=str(tmp_path), algorithm=algorithm, aggregation=method)
+        ExperimentConfig(runs_dir=str(tmp_path), algorithm=algorithm, aggregation="mean")

@@ -123,6 +123,8 @@ class Backend(ABC):
     name: str = ""
     phases: tuple[str, ...] = ("train",)
     needs_minimax_loss: bool = True
+    # Why the backend cannot run under robust aggregation (median, trimmed mean); "" = it can.
+    refuses_robust_aggregation: str = ""
 
     def __init__(
         self,
@@ -184,6 +186,20 @@ class Backend(ABC):
     def aggregate(
         self, state: ServerState, replies: Sequence[Reply], phase: str = "train"
     ) -> ServerState: ...
+
+    def register_sites(
+        self, state: ServerState, registrations: Mapping[str, Mapping[str, Any]]
+    ) -> ServerState:
+        """The state with what every site declared when it registered (its ``n``, its
+        ``trained_groups`` under partial training); called once, right after ``init_server``."""
+        return state
+
+    def reply_sent(
+        self, computed: Reply, sent: Reply, broadcast: Broadcast, local_state: LocalState
+    ) -> LocalState:
+        """The node's local state once its reply was changed before leaving (DP clipping and
+        noise): ``computed`` is what ``client_update`` returned, ``sent`` what travels."""
+        return local_state
 
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
         """What a valid reply of ``phase`` carries (checked before ``aggregate``)."""

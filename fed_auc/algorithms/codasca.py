@@ -19,6 +19,20 @@ A site sends only v^k_{r,I}, α^k_{r,I}: its change Δc^k = (v_{r−1} − v^k_{
 (``complete_reply``) and CODASCA uploads as much as CODA+, not the paper's twice as much.
 Partial participation: with each sampled site's Δc^k = c^k(new) − c^k(old) the server keeps
 c ← c + (1/N) Σ_k Δc^k (SAGA-style), so absent sites keep their last contribution.
+
+The corrections cancel only while c = (1/N) Σ_k c^k, so every change to a reply keeps it:
+- DP clipping/noise (on the node): the node derives its c^k from the iterate it actually
+  sends (``reply_sent``), exactly as the server derives Δc^k from it. Then c^k = mean
+  gradient + (sent − computed)/(I η_l): this round's clipping error, not an accumulated one.
+- Robust aggregation (median, trimmed mean) is refused (``refuses_robust_aggregation``):
+  a median of the Δc^k breaks the invariant (toy: 0.08 from the saddle point), and robust
+  iterates with plainly averaged Δc^k keep the invariant but not the robustness (a hostile
+  iterate's Δc^k enters c in full: tests/test_robust.py's attack moves the stem by 12).
+- Partial training: a tensor's c is the mean over the sites that train it, all of them, as
+  they declared at registration (``register_sites``), heard from yet or not.
+- ``site_weighting="examples"`` (the objective Σ_k n_k f_k / n): c = Σ_k n_k c^k / n,
+  i.e. c ← c + Σ_k n_k Δc^k / n over the sampled sites, n summing every site's n_k (per
+  tensor: the sites that train it); the iterates are averaged by examples.
 ``stage_output="random_round"`` is the paper's r̃ (kept by reservoir sampling on the server).
 The default ``"last"`` continues from the last iterate, as the reference code does: restarting
 a stage from a random earlier round throws progress away (on the demo federation, pooled AUC
@@ -30,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -61,6 +76,13 @@ ALPHA = AUC + "alpha"  # the dual variable α (Trainable.dual)
 
 class CODASCA(Backend):
     name = "codasca"
+    refuses_robust_aggregation = (
+        "its control variates need c = mean_k c^k: a robust statistic of the Δc^k breaks it "
+        "(the corrections stop cancelling and the run ends away from the saddle point), and "
+        "a plain mean of the Δc^k next to robust iterates lets one hostile site set c (a "
+        "finite attack then moves the model as under the mean); use aggregation 'mean' "
+        "(with max_update_norm), or coda_plus / local_sgda with a robust aggregation"
+    )
 
     def __init__(
         self,
@@ -97,14 +119,39 @@ class CODASCA(Backend):
             reply, tensors={**reply.tensors, **prefixed(CONTROL_DELTA, delta)}
         )
 
+    def reply_sent(
+        self, computed: Reply, sent: Reply, broadcast: Broadcast, local_state: LocalState
+    ) -> LocalState:
+        """c^k from the iterate that left the node (DP): the server derives Δc^k from it."""
+        if "control" not in local_state or computed.steps < 1:
+            return local_state
+        control = unprefixed(CONTROL, broadcast.tensors)
+        names = [n for n in local_state["control"] if n in sent.tensors and n in computed.tensors]
+        start = model_part(broadcast.tensors)
+        lr = broadcast.config["lr"]
+        kept = control_delta(
+            start, {n: computed.tensors[n] for n in names}, control, sent.steps, lr
+        )
+        sent_delta = control_delta(
+            start, {n: sent.tensors[n] for n in names}, control, sent.steps, lr
+        )
+        own = dict(local_state["control"])
+        for name in names:  # c^k(old) + Δc^k(sent) = c^k(computed) − Δc^k(computed) + Δc^k(sent)
+            own[name] = own[name] + (sent_delta[name] - kept[name])
+        return {**local_state, "control": own}
+
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
         model = trainable.tensors()
         variables = [*trainable.primal, *trainable.dual]
+        by_examples = self.site_weighting == "examples"
         return {
             "round": 0,
             "stage": 0,
             "num_sites": len(site_sizes),
+            # π_k of c = Σ_k π_k c^k / Σ_k π_k: 1 (the paper's 1/K) or the site's examples
+            "site_weight": {s: float(n) if by_examples else 1.0 for s, n in site_sizes.items()},
+            "site_groups": {s: None for s in site_sizes},  # None: trains the whole model
             "dual_min": trainable.dual_min,
             "model": model,
             "ref": {n: model[n].clone() for n in trainable.primal},
@@ -112,6 +159,13 @@ class CODASCA(Backend):
             "candidate": None,  # the stage's r̃-th iterate, by reservoir sampling
             "stage_rounds": 0,
         }
+
+    def register_sites(
+        self, state: ServerState, registrations: Mapping[str, Mapping[str, Any]]
+    ) -> ServerState:
+        """Every site's trained layer groups (partial training), for the per-tensor means."""
+        groups = {s: r.get("trained_groups") for s, r in registrations.items()}
+        return {**state, "site_groups": {**state.get("site_groups", {}), **groups}}
 
     def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast:
         tensors = {
@@ -138,27 +192,36 @@ class CODASCA(Backend):
                 model[name] = previous[name] + self.eta_g * (averaged[name] - previous[name])
         if state["dual_min"] is not None and ALPHA in model:
             model[ALPHA] = model[ALPHA].clamp(min=state["dual_min"])
-        site_groups = {
-            **state.get("site_groups", {}),
-            **{r.site: r.trained_groups for r in replies},
-        }
-        control = {}  # c ← c + (1/N) Σ_k Δc^k, per tensor over the N sites that train it
-        for name, c in state["control"].items():
-            deltas = [
-                r.tensors[CONTROL_DELTA + name]
-                for r in replies
-                if CONTROL_DELTA + name in r.tensors
-            ]
-            trainers = state["num_sites"] - _not_training(name, site_groups)
-            control[name] = c + sum(deltas) / trainers if deltas else c
+        control = self._control(state, replies)
         state = {**state, "round": state["round"] + 1, "model": model, "control": control}
-        state["site_groups"] = site_groups
         state["stage_rounds"] += 1
         if self.stage_output == "random_round" and self._keep(state):
-            state["candidate"] = {n: model[n].clone() for n in control}
+            # the whole model of that round: its weights with its BatchNorm statistics
+            state["candidate"] = {n: t.clone() for n, t in model.items()}
         if self.stage_of(state["round"]) != state["stage"]:
             state = self._next_stage(state)
         return state
+
+    def _control(self, state: ServerState, replies: Sequence[Reply]) -> Tensors:
+        """c ← c + Σ_k π_k Δc^k / Σ_j π_j per tensor: k over the replies that carry it, j over
+        every site that trains it (registered; an unregistered replier counts as one more)."""
+        examples = self.site_weighting == "examples"
+        weight = dict(state.get("site_weight") or {})
+        groups = dict(state.get("site_groups") or {})
+        for r in replies:
+            if r.site not in weight:
+                weight[r.site] = float(r.num_examples) if examples else 1.0
+                groups[r.site] = r.trained_groups
+        control = {}
+        for name, c in state["control"].items():
+            key = CONTROL_DELTA + name
+            held = [(weight[r.site], r.tensors[key]) for r in replies if key in r.tensors]
+            if not held:
+                control[name] = c
+                continue
+            total = sum(w for site, w in weight.items() if _trains(name, groups.get(site)))
+            control[name] = c + sum(w * delta for w, delta in held) / total
+        return control
 
     def _keep(self, state: ServerState) -> bool:
         """Reservoir sampling: after R rounds each round's iterate is kept with prob. 1/R."""
@@ -232,11 +295,9 @@ def control_delta(start: Tensors, end: Tensors, control: Tensors, steps: int, lr
     return delta
 
 
-def _not_training(name: str, site_groups: Mapping[str, list[str] | None]) -> int:
-    """How many sites declared a partial-training suffix without the group of ``name``
-    (sites not heard from yet count as training everything)."""
-    partial = [groups for groups in site_groups.values() if groups is not None]
-    if not partial or not name.startswith(WEIGHT):
-        return 0  # full-model sites only; a, b, α: every site trains them
-    group = group_of(name[len(WEIGHT) :])
-    return sum(1 for groups in partial if group not in groups)
+def _trains(name: str, groups: Sequence[str] | None) -> bool:
+    """Whether a site that trains ``groups`` (None: the whole model) trains tensor ``name``;
+    a, b and α are trained by every site."""
+    if groups is None or not name.startswith(WEIGHT):
+        return True
+    return group_of(name[len(WEIGHT) :]) in groups
