@@ -34,6 +34,8 @@ from fed_auc.transport.flower.worker import NodeWorker
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
 PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
+REFUSED = "401 Unauthorized"  # in a SuperNode's log: the SuperLink does not know it
+STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
 
 APP_PYPROJECT = """\
 # Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
@@ -101,6 +103,36 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
+
+
+def _wait_or_unstick(
+    supernode: subprocess.Popen, log_path: Path, start: int, stopping: threading.Event
+) -> None:
+    """Wait for the SuperNode to exit. One that a new SuperLink refused (401: e.g. after the
+    coordinator restarted) exits by itself, but Flower's exit handler can hang in it; such a
+    SuperNode is killed after ``STUCK_AFTER_S`` so that a fresh one reconnects."""
+    refused_at = None
+    while supernode.poll() is None and not stopping.is_set():
+        if refused_at is None and REFUSED in _read_from(log_path, start):
+            refused_at = time.monotonic()
+        if refused_at is not None and time.monotonic() - refused_at > STUCK_AFTER_S:
+            try:
+                os.killpg(supernode.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stopping.wait(1.0)
+    if stopping.is_set():
+        return
+    supernode.wait()
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def wait_for_port(address: str, timeout: float, process: subprocess.Popen | None = None) -> None:
@@ -321,8 +353,10 @@ def run_node(
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""
         nonlocal supernode
+        log_path = state_dir / "supernode.log"
         while not stopping.is_set():
-            with open(state_dir / "supernode.log", "ab") as log:
+            start = log_path.stat().st_size if log_path.exists() else 0
+            with open(log_path, "ab") as log:
                 supernode = subprocess.Popen(
                     command,
                     env=env,
@@ -331,7 +365,7 @@ def run_node(
                     preexec_fn=_die_with_parent,
                     start_new_session=True,
                 )
-            supernode.wait()
+            _wait_or_unstick(supernode, log_path, start, stopping)
             if not stopping.is_set():
                 echo(f"{site.name}: SuperNode exited with {supernode.returncode}; restarting")
                 stopping.wait(RESTART_DELAY_S)
