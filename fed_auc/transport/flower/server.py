@@ -204,6 +204,9 @@ class FlowerTransport:
                     self.event(site, "warning", f"site {site} left: {kind} {answer.message}")
             else:
                 self.held[site] = answer[0].get("cached", [])
+                if site in self.away_since:  # back, under a new Flower node id or the same
+                    away = time.monotonic() - self.away_since.pop(site)
+                    self.event(site, "info", f"site {site} rejoined after {away:.1f} s away")
         done = sum(not isinstance(a, NodeFailure) for a in answers.values())
         if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
             raise FederationError(
@@ -233,14 +236,10 @@ class FlowerTransport:
             self._answers[site] = answer
             self.held[site] = answer.get("cached", [])
             self.log(f"site {site} joined (Flower node {node})")
-            now = time.monotonic()
-            if not known_before:
-                waited = now - self.started
+            if not known_before:  # a return is recorded when the site answers again
+                waited = time.monotonic() - self.started
                 message = f"site {site} joined after {waited:.1f} s (Flower node {node})"
-            else:
-                away = now - self.away_since.pop(site, now)
-                message = f"site {site} rejoined after {away:.1f} s away (Flower node {node})"
-            self.event(site, "info", message)
+                self.event(site, "info", message)
 
     def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:
         """Push the messages, then pull replies every ``PULL_INTERVAL_S`` until all are in
