@@ -23,6 +23,7 @@ from fed_auc.experiment import ExperimentConfig
 from fed_auc.export import export_model
 from fed_auc.losses import build_loss
 from fed_auc.models import DenseNetClassifier, model_from_config
+from fed_auc.robust import Aggregation
 from fed_auc.selection import BestModel, track_best_model
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
@@ -88,6 +89,37 @@ def warm_start(
     store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
     tensors = backend.global_tensors(coordinator.state)
     return {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
+
+
+def start_coordinator(
+    config: ExperimentConfig,
+    transport: Any,
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+    server: Trainable,
+    personal: Collection[str],
+    fixed_steps: dict[str, int],
+    pooled_scoring: bool = True,
+) -> Coordinator:
+    """The coordinator of the main run, the same for both transports; ``fixed_steps``: the
+    τ_i that sites set in their own files."""
+    return Coordinator(
+        build_backend(config.algorithm, **config.backend_hyperparameters()),
+        transport,
+        store,
+        run_id,
+        run_dir,
+        server,
+        participation=config.participation,
+        seed=config.seed,
+        pooled_scoring=pooled_scoring,
+        local_work=config.local_work(list(transport.register()), fixed_steps),
+        personal=personal,
+        max_update_norm=config.max_update_norm,
+        aggregation=Aggregation.parse(config.aggregation),
+        eval_every=config.eval_every,
+    )
 
 
 def train_and_close(

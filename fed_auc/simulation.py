@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from fed_auc.algorithms import build_backend
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData, common_label_count
 from fed_auc.data.cards import data_card, site_summary
@@ -25,8 +24,14 @@ from fed_auc.losses import build_loss
 from fed_auc.models import build_model, model_from_config
 from fed_auc.node import Node
 from fed_auc.node_setup import NodeSetup, build_node
-from fed_auc.robust import Aggregation
-from fed_auc.run import PARTITION_FILE, fail_run, git_revision, train_and_close, warm_start
+from fed_auc.run import (
+    PARTITION_FILE,
+    fail_run,
+    git_revision,
+    start_coordinator,
+    train_and_close,
+    warm_start,
+)
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Trainable
@@ -99,7 +104,6 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     sites, manifest = load_in_process_sites(config)
     data = [site.data for site in sites]
     num_labels = common_label_count({s.name: s.label_names for s in data})
-    backend = build_backend(config.algorithm, **config.backend_hyperparameters())
     model = build_model(config.model, num_labels=num_labels)
     server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
     store = RunStore(config.runs_dir)
@@ -124,21 +128,10 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
                 warm_start(config, model, store, run_id, run_dir, warm_transport, True, personal)
             )
         fixed = {s.data.name: s.local_steps for s in sites if s.local_steps is not None}
-        coordinator = Coordinator(
-            backend,
-            LocalTransport(_nodes(setup, sites, run_dir)),
-            store,
-            run_id,
-            run_dir,
-            server,
-            participation=config.participation,
-            seed=config.seed,
-            local_work=config.local_work([s.name for s in data], fixed),
-            personal=personal,
-            max_update_norm=config.max_update_norm,
-            aggregation=Aggregation.parse(config.aggregation),
-            eval_every=config.eval_every,
-        )
+        coordinator = start_coordinator(
+            config, LocalTransport(_nodes(setup, sites, run_dir)), store, run_id, run_dir,
+            server, personal, fixed,
+        )  # fmt: skip
         if resuming:
             last = coordinator.resume()
             store.reopen_run(run_id, f"run resumed after round {last}")

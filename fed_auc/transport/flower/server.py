@@ -19,17 +19,15 @@ import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.coordinator import Coordinator, FederationError
+from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Evaluation
 from fed_auc.node_setup import NodeSetup
-from fed_auc.robust import Aggregation
-from fed_auc.run import fail_run, train_and_close, warm_start
+from fed_auc.run import fail_run, start_coordinator, train_and_close, warm_start
 from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.transport.base import NodeFailure
@@ -319,30 +317,17 @@ def run_experiment(
             )  # fmt: skip
             server.load(tensors)
             transport.use(setup)
-        backend = build_backend(config.algorithm, **config.backend_hyperparameters())
-        # a site file's own τ_i: the requests ask for it, so its replies' steps are checked
+            # a site file's own τ_i: the requests ask for it, so its replies' steps are checked
         # against what it runs (fed_auc.validation)
         fixed_steps = {
             site: int(r["local_steps"])
             for site, r in registrations.items()
             if r.get("local_steps") is not None
         }
-        coordinator = Coordinator(
-            backend,
-            transport,
-            store,
-            run_id,
-            run_dir,
-            server,
-            participation=config.participation,
-            seed=config.seed,
-            pooled_scoring=settings.pooled_scoring,
-            local_work=config.local_work(sites, fixed_steps),
-            personal=personal,
-            max_update_norm=config.max_update_norm,
-            aggregation=Aggregation.parse(config.aggregation),
-            eval_every=config.eval_every,
-        )
+        coordinator = start_coordinator(
+            config, transport, store, run_id, run_dir, server, personal, fixed_steps,
+            settings.pooled_scoring,
+        )  # fmt: skip
         if started:
             last = coordinator.resume()
             store.reopen_run(run_id, f"run resumed over Flower after round {last}")
