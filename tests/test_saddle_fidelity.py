@@ -23,8 +23,16 @@ CELLS = [  # (backend, participation, transform, weak, rounds: fewer where that 
     ("fed_norm_sgda", "full", "plain", WEAK, None),
 ]
 
+KNOWN = [  # (cell, why): BENCHMARKS.md, "Saddle-point fidelity"
+    (("local_sgda", "full", "median", (), 300), "median of heterogeneous iterates"),
+    (("fed_norm_sgda", "full", "dp_clip", (), 300), "clip 0.5 of O(1) gradients at z*"),
+    (("fedsgda_mb", "half", "plain", (), 40), "3 of 6 sites' gradient, 20 steps"),
+]
+XFAIL = [pytest.param(*c, marks=pytest.mark.xfail(reason=why, strict=True)) for c, why in KNOWN]
 
-@pytest.mark.parametrize(("algorithm", "participation", "transform", "weak", "rounds"), CELLS)
+
+@pytest.mark.parametrize(("algorithm", "participation", "transform", "weak", "rounds"),
+                         CELLS + XFAIL)  # fmt: skip
 def test_cell_is_within_tolerance_or_refused(algorithm, participation, transform, weak, rounds):
     text = cell(algorithm, participation, transform, weak, rounds)
     assert within(text, SETTINGS[algorithm]["tolerance"]), text
