@@ -36,3 +36,17 @@ XFAIL = [pytest.param(*c, marks=pytest.mark.xfail(reason=why, strict=True)) for 
 def test_cell_is_within_tolerance_or_refused(algorithm, participation, transform, weak, rounds):
     text = cell(algorithm, participation, transform, weak, rounds)
     assert within(text, SETTINGS[algorithm]["tolerance"]), text
+
+
+def test_codasca_refusal_points_to_a_backend_that_accepts_a_robust_aggregation():
+    """The alternative CODASCA's refusal names is not itself refused (CODA+ was)."""
+    from fed_auc.algorithms import build_backend
+    from fed_auc.robust import Aggregation
+
+    median = Aggregation.parse("median")
+    with pytest.raises(ValueError, match="or local_sgda with a robust") as refused:
+        median.check_backend(build_backend("codasca"))
+    assert "coda_plus refuses" in str(refused.value)
+    median.check_backend(build_backend("local_sgda"))  # accepted
+    with pytest.raises(ValueError, match="coda_plus"):
+        median.check_backend(build_backend("coda_plus"))
