@@ -81,7 +81,8 @@ class CODASCA(Backend):
         "(the corrections stop cancelling and the run ends away from the saddle point), and "
         "a plain mean of the Δc^k next to robust iterates lets one hostile site set c (a "
         "finite attack then moves the model as under the mean); use aggregation 'mean' "
-        "(with max_update_norm), or coda_plus / local_sgda with a robust aggregation"
+        "(with max_update_norm), or local_sgda with a robust aggregation (coda_plus refuses "
+        "it too; a median run ends at its own point, not the mean objective's saddle point)"
     )
 
     def __init__(
