@@ -135,8 +135,11 @@ class Backend(ABC):
         weight_decay: float = 1e-5,
         grad_clip: float | None = 1.0,
         site_weighting: str = "uniform",
+        dual_lr: float | None = None,
     ) -> None:
         validate_positive("lr", lr)
+        if dual_lr is not None:
+            validate_positive("dual_lr", dual_lr)
         if int(local_steps) != local_steps or local_steps < 1:
             raise ValueError(f"local_steps must be an integer ≥ 1, got {local_steps!r}")
         if not (isinstance(lr_decay, Real) and math.isfinite(lr_decay) and lr_decay >= 1):
@@ -154,6 +157,10 @@ class Backend(ABC):
         self.weight_decay = weight_decay
         self.grad_clip = grad_clip
         self.site_weighting = site_weighting
+        # α's own step size (issue 18 item 9): None = the paper's single step size η.
+        # E[∂F/∂α] = 2p(1−p)(m + μ⁻ − μ⁺ − α), so with one η the dual moves 1/(2p(1−p))
+        # times slower than the primal; LibAUC's PESG compensates in closed form.
+        self.dual_lr = dual_lr
 
     def hyperparameters(self) -> dict[str, Any]:
         """Everything that defines the run, for the store and the model card."""
@@ -165,6 +172,11 @@ class Backend(ABC):
 
     def lr_of(self, round_: int) -> float:
         return self.lr / self.lr_decay ** self.stage_of(round_)
+
+    def dual_lr_of(self, round_: int) -> float:
+        """α's step size in ``round_``: ``dual_lr`` (η if None), decayed like η."""
+        dual = self.lr if self.dual_lr is None else self.dual_lr
+        return dual / self.lr_decay ** self.stage_of(round_)
 
     @abstractmethod
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:

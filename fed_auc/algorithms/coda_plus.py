@@ -93,6 +93,7 @@ class CODAPlus(Backend):
     def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast:
         config = {
             "lr": self.lr_of(round_),
+            "dual_lr": self.dual_lr_of(round_),
             "local_steps": self.local_steps,
             "stage": state["stage"],
         }
@@ -146,7 +147,10 @@ class CODAPlus(Backend):
         trainable.load(model_part(broadcast.tensors))
         ref = unprefixed(REF, broadcast.tensors)
         prox_ref = [ref[n] for n in trainable.primal]
-        rule = StepRule(broadcast.config["lr"], self.weight_decay, self.grad_clip, self.gamma)
+        config = broadcast.config
+        rule = StepRule(
+            config["lr"], self.weight_decay, self.grad_clip, self.gamma, config.get("dual_lr")
+        )
         steps = broadcast.config["local_steps"]
         iterate_sum = None
         if self.stage_output == "average":

@@ -115,6 +115,7 @@ class CODASCA(Backend):
             control=control,
             steps=reply.steps,
             lr=broadcast.config["lr"],
+            dual_lr=broadcast.config.get("dual_lr"),
         )
         return dataclasses.replace(
             reply, tensors={**reply.tensors, **prefixed(CONTROL_DELTA, delta)}
@@ -129,12 +130,12 @@ class CODASCA(Backend):
         control = unprefixed(CONTROL, broadcast.tensors)
         names = [n for n in local_state["control"] if n in sent.tensors and n in computed.tensors]
         start = model_part(broadcast.tensors)
-        lr = broadcast.config["lr"]
+        lr, dual_lr = broadcast.config["lr"], broadcast.config.get("dual_lr")
         kept = control_delta(
-            start, {n: computed.tensors[n] for n in names}, control, sent.steps, lr
+            start, {n: computed.tensors[n] for n in names}, control, sent.steps, lr, dual_lr
         )
         sent_delta = control_delta(
-            start, {n: sent.tensors[n] for n in names}, control, sent.steps, lr
+            start, {n: sent.tensors[n] for n in names}, control, sent.steps, lr, dual_lr
         )
         own = dict(local_state["control"])
         for name in names:  # c^k(old) + Δc^k(sent) = c^k(computed) − Δc^k(computed) + Δc^k(sent)
@@ -176,6 +177,7 @@ class CODASCA(Backend):
         }
         config = {
             "lr": self.lr_of(round_),
+            "dual_lr": self.dual_lr_of(round_),
             "local_steps": self.local_steps,
             "stage": state["stage"],
         }
@@ -267,7 +269,8 @@ class CODASCA(Backend):
         correction = [control[n] - own[n] for n in names]
         ref = unprefixed(REF, broadcast.tensors)
         lr, steps = broadcast.config["lr"], broadcast.config["local_steps"]
-        rule = StepRule(lr, self.weight_decay, self.grad_clip, self.gamma)
+        dual_lr = broadcast.config.get("dual_lr")
+        rule = StepRule(lr, self.weight_decay, self.grad_clip, self.gamma, dual_lr)
         loss, done = run_local_steps(
             trainable,
             batches,
@@ -279,20 +282,30 @@ class CODASCA(Backend):
 
         # eq. (6): c^k ← c^k + Δc^k; the server derives the same Δc^k from the reply
         end = {n: t.detach() for n, t in (trainable.primal | trainable.dual).items()}
-        delta = control_delta(start, end, control, done, lr)
+        delta = control_delta(start, end, control, done, lr, dual_lr)
         new_own = {n: own[n] + delta[n] for n in names}
         reply = Reply(trainable.tensors(), steps=done, metrics={"train_loss": loss})
         return reply, {"stage": stage, "control": new_own}
 
 
-def control_delta(start: Tensors, end: Tensors, control: Tensors, steps: int, lr: float) -> Tensors:
+def control_delta(
+    start: Tensors,
+    end: Tensors,
+    control: Tensors,
+    steps: int,
+    lr: float,
+    dual_lr: float | None = None,
+) -> Tensors:
     """Δc^k = c^k(new) − c^k(old) of eq. (6), for the variables in ``end``:
     (v_{r−1} − v^k_{r,I}) / (I η_l) − c_v for the primal (it moved down its gradient),
-    (α^k_{r,I} − α_{r−1}) / (I η_l) − c_α for the dual (it moved up)."""
+    (α^k_{r,I} − α_{r−1}) / (I η_α) − c_α for the dual (it moved up), each variable divided
+    by its own step size (η_α = ``dual_lr``, η_l if None) so c estimates a gradient."""
     delta = {}
     for name, value in end.items():
-        moved = value - start[name] if name == ALPHA else start[name] - value
-        delta[name] = moved / (steps * lr) - control[name]
+        dual = name == ALPHA
+        moved = value - start[name] if dual else start[name] - value
+        rate = dual_lr if dual and dual_lr is not None else lr
+        delta[name] = moved / (steps * rate) - control[name]
     return delta
 
 

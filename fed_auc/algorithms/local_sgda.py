@@ -31,7 +31,11 @@ class LocalSGDA(Backend):
         return {"round": 0, "model": trainable.tensors()}
 
     def plan(self, state: ServerState, round_: int, phase: str = "train") -> Broadcast:
-        config = {"lr": self.lr_of(round_), "local_steps": self.local_steps}
+        config = {
+            "lr": self.lr_of(round_),
+            "dual_lr": self.dual_lr_of(round_),
+            "local_steps": self.local_steps,
+        }
         return Broadcast(round_, phase, dict(state["model"]), config)
 
     def client_update(
@@ -42,7 +46,10 @@ class LocalSGDA(Backend):
         batches: Batches,
     ) -> tuple[Reply, LocalState]:
         trainable.load(model_part(broadcast.tensors))
-        rule = StepRule(broadcast.config["lr"], self.weight_decay, self.grad_clip)
+        config = broadcast.config
+        rule = StepRule(
+            config["lr"], self.weight_decay, self.grad_clip, dual_lr=config.get("dual_lr")
+        )
         loss, steps = run_local_steps(trainable, batches, broadcast.config["local_steps"], rule)
         return Reply(trainable.tensors(), steps=steps, metrics={"train_loss": loss}), local_state
 

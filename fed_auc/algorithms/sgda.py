@@ -1,7 +1,7 @@
 """One local stochastic gradient descent-ascent step, shared by every backend.
 
     v  ← v − η · ( clip(∇_v F(v, α; z)) + λ_wd · v + γ · (v − v_ref) + corr_v )
-    α  ← Π( α + η · ( ∇_α F(v, α; z) + corr_α ) )
+    α  ← Π( α + η_α · ( ∇_α F(v, α; z) + corr_α ) )      (η_α = ``dual_lr``, η if None)
 
 ``corr`` is CODASCA's control-variate correction (c − c_k); ``γ (v − v_ref)`` is the proximal
 term of CODA+/CODASCA's stage subproblem (eq. 5); clipping (elementwise, network weights only)
@@ -25,6 +25,7 @@ class StepRule:
     weight_decay: float = 0.0
     grad_clip: float | None = None
     prox_weight: float = 0.0
+    dual_lr: float | None = None  # α's step size; None = ``lr`` (the papers' single step)
 
 
 def primal_direction(
@@ -55,10 +56,12 @@ def _apply(
     primal_dir: list[torch.Tensor],
     dual_dir: list[torch.Tensor],
     lr: float,
+    dual_lr: float | None = None,
 ) -> None:
     torch._foreach_add_(list(trainable.primal.values()), primal_dir, alpha=-lr)
     if dual_dir:
-        torch._foreach_add_(list(trainable.dual.values()), dual_dir, alpha=lr)
+        dual = lr if dual_lr is None else dual_lr
+        torch._foreach_add_(list(trainable.dual.values()), dual_dir, alpha=dual)
         trainable.project_()
 
 
@@ -78,7 +81,7 @@ def sgda_step(
             torch._foreach_add_(primal_dir, correction[0])
             if dual_grads:
                 torch._foreach_add_(dual_grads, correction[1])
-    _apply(trainable, primal_dir, dual_grads, rule.lr)
+    _apply(trainable, primal_dir, dual_grads, rule.lr, rule.dual_lr)
     return float(value)
 
 

@@ -1,0 +1,87 @@
+"""α's own step size ``dual_lr`` (issue 18 item 9) on the SGDA-family backends."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fed_auc.algorithms import build_backend
+from tests.test_algorithms import NO_EXTRAS, _run
+from tests.toy import saddle_point, toy_sites, zero_noise
+
+FAMILY = ["local_sgda", "coda_plus", "codasca"]
+
+
+def _backend(name: str, **hp):
+    extra = {} if name == "local_sgda" else {"gamma": 0.0}
+    return build_backend(name, **NO_EXTRAS, **extra, **hp)
+
+
+def _noise(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        (
+            torch.randn(2, generator=gen, dtype=torch.float64),
+            torch.randn(1, generator=gen, dtype=torch.float64),
+        )
+        for _ in itertools.count()
+    )
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_dual_lr_equal_to_lr_is_the_papers_run_bit_for_bit(name):
+    runs = []
+    for dual_lr in (None, 0.05):
+        sites = toy_sites(3)
+        backend = _backend(name, lr=0.05, dual_lr=dual_lr, local_steps=3, decay_every=6)
+        state, _ = _run(backend, sites, [_noise(k) for k in range(3)], rounds=5)
+        runs.append(backend.global_tensors(state))
+    for tensor_name in runs[0]:
+        assert torch.equal(runs[0][tensor_name], runs[1][tensor_name]), tensor_name
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_alpha_moves_dual_lr_times_its_gradient_and_the_primal_does_not_notice(name):
+    """From (x, y) = 0 the toy's gradients are known: ∇_y f = −d, ∇_x f = e."""
+    steps = {}
+    for dual_lr in (None, 0.3):
+        site = toy_sites(1)[0]
+        backend = _backend(name, lr=0.05, dual_lr=dual_lr, local_steps=1)
+        state, _ = _run(backend, [site], [zero_noise()], rounds=1)
+        steps[dual_lr] = backend.global_tensors(state)
+    site = toy_sites(1)[0]
+    torch.testing.assert_close(steps[0.3]["auc/alpha"], 0.3 * -site.d, rtol=1e-12, atol=0)
+    torch.testing.assert_close(steps[None]["auc/alpha"], 0.05 * -site.d, rtol=1e-12, atol=0)
+    assert torch.equal(steps[0.3]["w/x"], steps[None]["w/x"])
+
+
+def test_codasca_control_variate_of_alpha_estimates_its_gradient_whatever_its_step():
+    """c_α^k after one round is the mean α gradient (here the exact one, −d), not
+    dual_lr/lr times it: each variable's Δc divides by its own step size."""
+    for dual_lr in (None, 0.2, 0.9):
+        site = toy_sites(1)[0]
+        backend = _backend("codasca", lr=0.05, dual_lr=dual_lr, local_steps=1)
+        _, local = _run(backend, [site], [zero_noise()], rounds=1)
+        torch.testing.assert_close(local[0]["control"]["auc/alpha"], -site.d, rtol=1e-12, atol=0)
+        torch.testing.assert_close(local[0]["control"]["w/x"], site.e, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "local_steps", "rounds"),
+    [("codasca", 20, 300), ("local_sgda", 1, 3000), ("coda_plus", 1, 3000)],
+)
+def test_the_saddle_point_does_not_move_with_dual_lr(name, local_steps, rounds):
+    sites = toy_sites(4)
+    backend = _backend(name, lr=0.05, dual_lr=0.2, local_steps=local_steps)
+    state, _ = _run(backend, sites, [zero_noise() for _ in sites], rounds)
+    x_star, y_star = saddle_point(sites)
+    model = backend.global_tensors(state)
+    assert float(torch.cat([model["w/x"] - x_star, model["auc/alpha"] - y_star]).norm()) < 1e-6
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_dual_lr_must_be_positive(name):
+    with pytest.raises(ValueError, match="dual_lr"):
+        build_backend(name, dual_lr=0.0)
