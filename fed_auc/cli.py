@@ -104,11 +104,15 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--aggregation",
-        help="mean (default: the backend's weighted mean), median, or trimmed_mean[:β] "
-        "(coordinate-wise, robust to a few hostile sites)",
+        help="mean (default: the backend's weighted mean) or centered_clip:τ (each reply's "
+        "move clipped to within τ of the replies' median, then the backend's mean: exact "
+        "for replies within τ, bounded influence for the others)",
     )
     p.add_argument(
-        "--dp-clip", type=float, help="client-side DP: clip each update block to this L2 norm C"
+        "--dp-clip",
+        type=float,
+        help="client-side DP: clip the move each reply block makes the model take to this "
+        "L2 norm C",
     )
     p.add_argument(
         "--dp-noise", type=float, help="client-side DP: Gaussian noise multiplier σ (std σ·C)"

@@ -53,7 +53,10 @@ OPTION_SETS = {
     **{name: {"algorithm": name} for name in sorted(ALGORITHMS)},
     "personal_l2": {"personalize": "l2"},
     "dp": {"dp_clip": 1.0, "dp_noise": 0.5},
-    "median": {"aggregation": "median", "algorithm": "local_sgda"},  # codasca, coda_plus refuse
+    "centered_clip": {
+        "aggregation": "centered_clip:1",
+        "algorithm": "coda_plus",
+    },  # codasca refuses
     "eval_every_2": {"eval_every": 2, "rounds": 3},
     "crop_flip_tta": {"augment": "crop_flip", "tta": "flip"},
     "best_val_2": {"select": "best_val:2"},
