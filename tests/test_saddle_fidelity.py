@@ -9,8 +9,10 @@ the median (now refused for every backend, centered clipping instead).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from benchmarks.saddle_fidelity import SETTINGS, WEAK, cell, within
+from benchmarks.saddle_fidelity import SETTINGS, WEAK, cell, run_toy, within
 
 CELLS = [  # (backend, participation, transform, weak, rounds: fewer where that is enough)
     ("codasca", "half", "plain", WEAK, 300),
@@ -55,3 +57,18 @@ def test_refusals_name_alternatives_that_are_accepted():
         clip.check_backend(build_backend("codasca"))
     for accepted in ("coda_plus", "local_sgda"):
         clip.check_backend(build_backend(accepted))
+
+
+@pytest.mark.slow
+@settings(max_examples=4, derandomize=True, deadline=None)
+@given(
+    count=st.integers(min_value=1, max_value=6),
+    seed=st.integers(min_value=0, max_value=2**20),
+    transform=st.sampled_from(["plain", "dp_clip"]),
+)
+def test_codasca_is_exact_under_drawn_participation_patterns(count, seed, transform):
+    """Any number of the 6 sites per round, any seeded draw: CODASCA's control variates
+    (SAGA-style under sampling, c^k from the sent iterate under DP) keep it exact."""
+    hyper = SETTINGS["codasca"]["hyper"]
+    distance = run_toy("codasca", transform, WEAK, 300, count / 6, seed=seed, **hyper)
+    assert distance < SETTINGS["codasca"]["tolerance"]

@@ -26,6 +26,12 @@ paper's S_t in v_t is a typo; the proofs use S'_t):
            v_t likewise with β_t;   u_0, v_0 = MB.
 Schedules (App. D.1, t = round): η_t = c_η/(t+1)^ρ, γ_t = c_γ/(t+1)^ρ,
 α_t = β_t = min(1, c_α/(t+1)^{2ρ}).
+Under client sampling, MB with a constant step reaches a neighbourhood of the saddle point of
+size ∝ σ²/S (Thm 1; σ² includes the sites' heterogeneity); a decaying step converges (toy, 3 of
+6 sites: ρ = 1 within 0.01 after 1600 rounds, STORM ρ = 0.5 after 800; BENCHMARKS.md).
+Site gradients do not vanish at the saddle point (only their mean does): update-level DP
+clipping and robust clipping of the collect replies would move the fixed point, so both are
+refused (``refuses_update_dp``, ``refuses_robust_aggregation``).
 
 Choices the paper leaves open:
 - Full local gradient: that of one chunk holding the whole split, whatever the chunks of
