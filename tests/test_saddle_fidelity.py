@@ -72,3 +72,12 @@ def test_codasca_is_exact_under_drawn_participation_patterns(count, seed, transf
     hyper = SETTINGS["codasca"]["hyper"]
     distance = run_toy("codasca", transform, WEAK, 300, count / 6, seed=seed, **hyper)
     assert distance < SETTINGS["codasca"]["tolerance"]
+
+
+@pytest.mark.parametrize("eta_g", [0.5, 1.5])
+def test_codasca_server_step_other_than_one_keeps_the_saddle_point(eta_g):
+    """η_g scales the server's extrapolation x ← x + η_g (mean x_k − x): it changes the
+    speed, not the fixed point (half participation, one weak site, DP clipping)."""
+    hyper = {**SETTINGS["codasca"]["hyper"], "eta_g": eta_g}
+    distance = run_toy("codasca", "dp_clip", WEAK, 300, 0.5, **hyper)
+    assert distance < SETTINGS["codasca"]["tolerance"]
