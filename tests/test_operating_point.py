@@ -22,7 +22,7 @@ from fed_auc.operating_point import (
     wilson_ci,
 )
 
-EDGES = default_edges()
+EDGES = default_edges(n_bins=100)
 
 
 def sample(seed: int, n: int = 200, top: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +79,7 @@ def test_the_cards_threshold_becomes_an_edge_and_others_are_refused():
     assert np.any(edges == 0.363) and edges[0] == 0 and edges[-1] == 1
     bins = score_bins(*sample(1), edges)
     assert at_threshold(bins, 0.363).threshold == 0.363
-    with pytest.raises(ValueError, match=r"0.3631 is not a bin edge.*\[0.363, 0.37"):
+    with pytest.raises(ValueError, match=r"0.3631 is not a bin edge.*\[0.363, 0.364"):
         at_threshold(bins, 0.3631)
 
 
@@ -128,7 +128,7 @@ def test_pooling_sites_equals_binning_their_images_together():
     for key in a:
         assert np.allclose(a[key], b[key], rtol=1e-12, atol=1e-12), key
     with pytest.raises(ValueError, match="other bin edges"):
-        pool([score_bins(*parts[0], EDGES), score_bins(*parts[1], default_edges([0.333]))])
+        pool([score_bins(*parts[0], EDGES), score_bins(*parts[1], default_edges([0.3333]))])
 
 
 def test_one_class_gives_no_auc_and_no_sensitivity_at_specificity():
@@ -150,11 +150,11 @@ def test_unknown_labels_are_skipped_and_bad_input_is_named():
 
 
 def test_round_trip_through_json_and_checked_loading():
-    bins = score_bins(*sample(3), default_edges([0.423]))
+    bins = score_bins(*sample(3), default_edges([0.4235]))
     again = ScoreBins.from_dict(bins.to_dict())
     assert again.to_dict() == bins.to_dict()
     broken = bins.to_dict() | {"positives": [1, 2]}
-    with pytest.raises(ValueError, match="site x label 0: positives has 2 values for 101 bins"):
+    with pytest.raises(ValueError, match="site x label 0: positives has 2 values for 1001 bins"):
         ScoreBins.from_dict(broken, where="site x label 0")
     with pytest.raises(ValueError, match="site x: not score bins"):
         ScoreBins.from_dict({"edges": [0, 1]}, where="site x")
