@@ -12,7 +12,8 @@ cannot say which side an image fell, so such a threshold is refused rather than 
 
 Pure functions on numpy arrays; no store, no dashboard. Stable API used by evaluation jobs:
 ``ScoreBins``, ``default_edges``, ``score_bins``, ``pool``, ``wilson_ci``, ``at_threshold``,
-``sensitivity_at_specificity``, ``auc_from_bins``, ``reliability``, ``brier_score``.
+``sensitivity_at_specificity``, ``auc_from_bins``, ``reliability``, ``brier_score`` and
+``figures`` (all of them as one flat dict).
 """
 
 from __future__ import annotations
@@ -320,3 +321,36 @@ def brier_score(bins: ScoreBins) -> float | None:
         return None
     positive_error = bins.n_positive - 2 * bins.positive_sum.sum() + bins.positive_sq
     return float((positive_error + bins.negative_sq) / n)
+
+
+TARGET_SPECIFICITIES = (0.9, 0.95)
+
+
+def figures(
+    bins: ScoreBins, threshold: float, targets: Sequence[float] = TARGET_SPECIFICITIES
+) -> dict[str, Any]:
+    """Every figure above as flat JSON (for tables, CSV and evaluation reports): counts,
+    sensitivity / specificity / PPV / NPV with ``_lo``/``_hi`` at ``threshold``, sensitivity
+    and threshold at each target specificity (key suffix ``_at_spec_90`` …), Brier score and
+    binned AUC. None where a figure is undefined (one class, or no such operating point)."""
+    out: dict[str, Any] = {
+        "n_positive": bins.n_positive,
+        "n_negative": bins.n_negative,
+        "threshold": threshold,
+        "auc_binned": auc_from_bins(bins),
+        "brier": brier_score(bins),
+    }
+    op = at_threshold(bins, threshold)
+    out.update(tp=op.tp, fn=op.fn, tn=op.tn, fp=op.fp)
+    for name in ("sensitivity", "specificity", "ppv", "npv"):
+        value: Proportion = getattr(op, name)
+        out.update({name: value.value, f"{name}_lo": value.lo, f"{name}_hi": value.hi})
+    for target in targets:
+        suffix = f"_at_spec_{round(target * 100):d}"
+        point = sensitivity_at_specificity(bins, target)
+        sens = None if point is None else point.sensitivity
+        out[f"sensitivity{suffix}"] = None if sens is None else sens.value
+        out[f"sensitivity{suffix}_lo"] = None if sens is None else sens.lo
+        out[f"sensitivity{suffix}_hi"] = None if sens is None else sens.hi
+        out[f"threshold{suffix}"] = None if point is None else point.threshold
+    return out
