@@ -1,4 +1,5 @@
-"""Compare: two or more runs side by side — AUC per round and AUC per MB sent."""
+"""Compare: two or more runs side by side — AUC per round and per MB sent, in distinct
+colours, and the settings in which the runs differ."""
 
 import altair as alt
 import pandas as pd
@@ -6,6 +7,21 @@ import streamlit as st
 
 from app import common
 from app.queries import RunData
+
+# Tableau 10: ten hues that stay apart (no two similar blues), in a fixed order per pick.
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac"]  # fmt: skip
+
+
+def differing_settings(configs: dict[str, dict]) -> pd.DataFrame:
+    """Config keys whose values differ between the runs (one column per run)."""
+    keys = sorted(set().union(*(c.keys() for c in configs.values())))
+    rows = {}
+    for key in keys:
+        values = {run: (c or {}).get(key) for run, c in configs.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            rows[key] = {run: "–" if v is None else str(v) for run, v in values.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def body(data: RunData) -> None:
@@ -21,12 +37,19 @@ def body(data: RunData) -> None:
     if not picked:
         st.info("Pick at least one run.")
         return
-    frames = []
+    frames, configs = [], {}
     for run_id in picked:
         run = common.load_run(run_id)
         rounds = run.rounds[["round", "global_auc", "worst_site_auc", "cumulative_mb"]].copy()
         rounds["run"] = f"{run.run['algorithm']} · {run_id}"
         frames.append(rounds)
+        configs[rounds["run"].iloc[0] if not rounds.empty else run_id] = {
+            "algorithm": run.run["algorithm"],
+            "data source": run.run["data_source"],
+            "transport": run.run["transport"],
+            "sites": int(run.run["n_sites"]),
+            **(run.run["config"] or {}),
+        }
     table = pd.concat(frames, ignore_index=True)
     final = table.groupby("run", sort=False).last()
     final.columns = ["last round", "pooled test AUC", "worst-site AUC", "total MB"]
@@ -35,6 +58,16 @@ def body(data: RunData) -> None:
         width="stretch",
         column_config={c: st.column_config.NumberColumn(format="%.3f") for c in final.columns[1:]},
     )
+    settings = differing_settings(configs)
+    st.subheader("Settings that differ")
+    if len(configs) < 2:
+        st.caption("Pick a second run to see how their settings differ.")
+    elif settings.empty:
+        st.caption("The runs' recorded settings are identical (a repeat, e.g. another run).")
+    else:
+        st.dataframe(settings, width="stretch")
+    names = list(configs)
+    colors = alt.Scale(domain=names, range=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
     metric = st.radio(
         "AUC",
         ["global_auc", "worst_site_auc"],
@@ -51,8 +84,10 @@ def body(data: RunData) -> None:
             .mark_line(point=True)
             .encode(
                 x=alt.X(f"{x}:Q", title=title),
-                y=alt.Y(f"{metric}:Q", title="AUC", scale=alt.Scale(zero=False)),
-                color=alt.Color("run:N", legend=alt.Legend(orient="bottom", columns=1)),
+                y=alt.Y(f"{metric}:Q", title="test AUC", scale=alt.Scale(zero=False)),
+                color=alt.Color(
+                    "run:N", scale=colors, legend=alt.Legend(orient="bottom", columns=1)
+                ),
                 tooltip=[
                     "run",
                     "round",
