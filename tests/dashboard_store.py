@@ -141,3 +141,41 @@ def fill(runs_dir: Path) -> dict[str, str]:
         ids["live"] = store.create_run("codasca", {"rounds": 9}, run_id="run-live")
         store.record_round(ids["live"], _round(0, dict.fromkeys(SITES, "initial")))
     return ids
+
+
+def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
+    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards, for
+    readability at any federation size; returns its id."""
+    names = [f"site_{i:02d}" for i in range(n_sites)]
+    rng = np.random.default_rng(n_sites)
+    with RunStore(runs_dir) as store:
+        run_id = store.create_run("codasca", {"rounds": rounds}, run_id=f"run-{n_sites}-sites")
+        store.record_sites(
+            run_id,
+            {
+                name: {
+                    "label_names": ["finding"],
+                    "source": "synthetic",
+                    "train": {
+                        "n": 100,
+                        "positives": [int(rng.integers(5, 50))],
+                        "intensity_mean": float(rng.random()),
+                        "intensity_std": float(rng.random()),
+                    },  # fmt: skip
+                }
+                for name in names
+            },
+        )
+        for round_ in range(rounds + 1):
+            rows = []
+            for i, name in enumerate(names):
+                status = "initial" if round_ == 0 else "completed"
+                row = SiteRound(name, status, n=100, positives=[30], n_test=TEST_N,
+                                test_positives=[20], auc=0.6 + 0.01 * i, auc_lo=0.5,
+                                auc_hi=0.7)  # fmt: skip
+                if round_:
+                    row.steps = 4 + (i + round_) % 3
+                rows.append(row)
+            store.record_round(run_id, RoundRecord(round_, global_auc=0.7, sites=rows))
+        store.finish_run(run_id, "completed", {})
+    return run_id
