@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-PAGES = ("Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC")
+PAGES = (
+    "Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC", "Operating point"
+)  # fmt: skip
 TITLES = {"Compare": "Compare runs"}
 TIMEOUT_MS = 60_000
 
@@ -56,8 +58,20 @@ def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
                 time.sleep(0.3)
         yield url
     finally:
-        process.terminate()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to ``fed-auc dashboard``: it passes it on to Streamlit and waits for it. Killed
+    after 20 s; even then its Streamlit gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``)."""
+    process.terminate()
+    try:
         process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stderr is not None:
+        process.stderr.close()
 
 
 def capture(
@@ -65,7 +79,8 @@ def capture(
 ) -> dict[str, str]:
     """Visit every page (picking ``run_id`` first if given); returns each page's visible text.
 
-    On the ROC page the slider moves ``threshold_steps`` steps of 0.01 with the arrow keys.
+    On the ROC page the slider moves ``threshold_steps`` steps with the arrow keys; the
+    heading it started with is returned as "ROC at start".
     """
     from playwright.sync_api import sync_playwright
 
@@ -86,16 +101,22 @@ def capture(
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.get_by_role("link", name=name, exact=True).click()
             page.get_by_role("heading", name=TITLES.get(name, name)).wait_for()
-            if name == "ROC":
+            if name == "ROC" and threshold_steps:
+                wait_until_idle(page)
+                heading = page.get_by_role("heading", name="At threshold")
+                texts["ROC at start"] = heading.inner_text()
                 slider = page.get_by_role("slider")
                 slider.focus()
                 key = "ArrowLeft" if threshold_steps < 0 else "ArrowRight"
                 for _ in range(abs(threshold_steps)):
                     page.keyboard.press(key)
-                value = 0.5 + threshold_steps / 100
-                page.get_by_text(f"At threshold {value:.2f}").wait_for()
+                page.wait_for_function(
+                    """(before) => [...document.querySelectorAll('h3')].some(
+                        h => h.innerText.startsWith('At threshold') && h.innerText !== before)""",
+                    arg=texts["ROC at start"],
+                )
             wait_until_idle(page)
-            page.screenshot(path=str(out / f"{name.lower()}.png"), full_page=True)
+            page.screenshot(path=str(out / f"{name.lower().replace(' ', '_')}.png"), full_page=True)
             texts[name] = page.locator('[data-testid="stMain"]').inner_text()
         browser.close()
     return texts
@@ -117,8 +138,9 @@ def main() -> None:
     parser.add_argument("--run-id", help="run to show (default: the newest)")
     args = parser.parse_args()
     with serve(args.runs_dir) as url:
-        for name in capture(url, args.out, args.run_id):
-            print(Path(args.out) / f"{name.lower()}.png")
+        capture(url, args.out, args.run_id)
+        for name in PAGES:
+            print(Path(args.out) / f"{name.lower().replace(' ', '_')}.png")
 
 
 if __name__ == "__main__":
