@@ -120,11 +120,8 @@ def status_banner(data: RunData) -> None:
 
 
 def _describe(run: dict) -> str:
-    synthetic = " (synthetic)" if run.get("synthetic") else ""
-    return (
-        f"{run['algorithm']} on {run['data_source']}{synthetic} over {run['transport']}, "
-        f"{int(run['n_sites'])} sites"
-    )
+    """The picked run's whole label, wrapped (the select box cuts it)."""
+    return str(run["label"])
 
 
 def page(body: Callable[[RunData], None]) -> None:

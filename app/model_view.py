@@ -41,8 +41,8 @@ def thresholds_of(data: RunData) -> tuple[list[float], str]:
     summary = data.run.get("summary") or {}
     chosen = summary.get("threshold")
     if chosen:
-        return [float(t) for t in chosen], "the model card's threshold (Youden's J on validation)"
-    return [0.5] * max(1, _num_labels(data)), "0.5: the run chose no threshold"
+        return [float(t) for t in chosen], "Youden's J on pooled validation scores"
+    return [0.5] * max(1, _num_labels(data)), "the run chose none: 0.5"
 
 
 def _num_labels(data: RunData) -> int:

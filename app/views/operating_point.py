@@ -41,7 +41,8 @@ def body(data: RunData) -> None:
     table = operating_table(with_pooled(bins), threshold)
     st.caption(
         f"{choice.caption}; pooled = all {len(bins)} scored sites' test images together. "
-        f"Threshold {threshold:.3f}: {choice.threshold_note}; positive if score ≥ threshold. "
+        f"The model card's threshold {threshold:.3f} ({choice.threshold_note}); positive if "
+        "score ≥ threshold. "
         "95 % CIs: Wilson score intervals. Sensitivity at 90 % / 95 % specificity: the highest "
         "sensitivity of a threshold whose specificity reaches the target at that site."
     )

@@ -12,6 +12,7 @@ from app.queries import RunData
 from app.tables import fmt
 from fed_auc.operating_point import auc_from_bins
 
+ROUND_AXIS = alt.Axis(format="d", tickMinStep=1)
 SERIES = {
     "global_auc": "pooled test AUC",
     "worst_site_auc": "worst-site AUC",
@@ -48,7 +49,7 @@ def describe(choice, table: pd.DataFrame, cover) -> str:
         few = " — few cases, mostly noise" if worst["few cases"] else ""
         parts.append(
             f"worst site {cover.worst_site}: {cover.worst_auc:.3f}{ci} "
-            f"({worst['positives']} positives, {worst['negatives']} negatives){few}"
+            f"({int(worst['positives'])} positives, {int(worst['negatives'])} negatives){few}"
         )
     for site in cover.missing:
         note = table.set_index("site").loc[site, "note"]
@@ -89,7 +90,7 @@ def body(data: RunData) -> None:
         alt.Chart(long.dropna(subset=["AUC"]))
         .mark_line(point=True)
         .encode(
-            x=alt.X("round:Q", title="round"),
+            x=alt.X("round:Q", title="round", axis=ROUND_AXIS),
             y=alt.Y("AUC:Q", title="test AUC", scale=alt.Scale(zero=False)),
             color=alt.Color("series:N", title=None),
             tooltip=["round", "series", alt.Tooltip("AUC:Q", format=".3f"), "sites scored"],
@@ -112,7 +113,7 @@ def body(data: RunData) -> None:
             alt.Chart(sites)
             .mark_line(point=len(sites["round"].unique()) < 40)
             .encode(
-                x=alt.X("round:Q", title="round"),
+                x=alt.X("round:Q", title="round", axis=ROUND_AXIS),
                 y=alt.Y("auc:Q", title="test AUC", scale=alt.Scale(zero=False)),
                 color=alt.Color(
                     "site:N", legend=alt.Legend(columns=2 if data.sites.shape[0] > 16 else 1)

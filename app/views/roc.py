@@ -72,8 +72,8 @@ def exported_view(data: RunData, choice, bins: dict, card: float) -> None:
         "Set threshold", on_click=_set_from_target, args=(reference, edges), key="roc_set"
     )
     st.caption(
-        f"{choice.caption}. The model card's threshold is {card:.3f} ({choice.threshold_note}); "
-        "figures are exact at every score-bin edge (0.001 apart)."
+        f"{choice.caption}. Starts at the model card's threshold {card:.3f} "
+        f"({choice.threshold_note}); figures are exact at every score-bin edge (0.001 apart)."
     )
     table = point_at(bins, threshold)
     st.subheader(f"At threshold {threshold:.3f}")
@@ -155,7 +155,7 @@ def _chart(curves: pd.DataFrame, points: pd.DataFrame) -> None:
             x=alt.X("fpr:Q", title="1 − specificity (false-positive rate)"),
             y=alt.Y("sensitivity:Q", title="sensitivity (true-positive rate)"),
             color="site:N",
-            order="fpr:Q",
+            order=alt.Order("threshold:Q", sort="descending"),  # along the curve
             tooltip=["site", alt.Tooltip("threshold:Q", format=".3f")],
         )
     )
