@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from app.model_view import EXPORTED
@@ -109,23 +110,21 @@ def calibration_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:
 def roc_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:
     """The exact ROC curve per site at every bin edge where it moves (each point carries the
     highest threshold that reaches it: the lowest edge of a run of equal points is dropped)."""
-    frames = []
+    parts = {"site": [], "threshold": [], "sensitivity": [], "fpr": []}
     for site, counts in bins.items():
         if counts.n_positive == 0 or counts.n_negative == 0:
             continue
         thresholds, sensitivity, specificity = curve(counts)
-        frame = pd.DataFrame(
-            {
-                "site": site,
-                "threshold": thresholds,
-                "sensitivity": sensitivity,
-                "fpr": 1 - specificity,
-            }  # fmt: skip
-        )
-        moved = frame[["sensitivity", "fpr"]].diff().abs().sum(axis=1) > 0
-        moved.iloc[0] = True
-        frames.append(frame[moved])  # only the corners: empty bins add no point
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        fpr = 1 - specificity
+        moved = np.ones(len(thresholds), dtype=bool)  # only the corners: empty bins add none
+        moved[1:] = (np.diff(sensitivity) != 0) | (np.diff(fpr) != 0)
+        parts["site"] += [site] * int(moved.sum())
+        parts["threshold"].append(thresholds[moved])
+        parts["sensitivity"].append(sensitivity[moved])
+        parts["fpr"].append(fpr[moved])
+    if not parts["site"]:
+        return pd.DataFrame()
+    return pd.DataFrame({k: v if k == "site" else np.concatenate(v) for k, v in parts.items()})
 
 
 def point_at(bins: dict[str, ScoreBins], threshold: float) -> pd.DataFrame:

@@ -37,6 +37,17 @@ def _run_data(directory: str, run_id: str, version: float) -> RunData:
     return queries.run_data(directory, run_id)
 
 
+@st.cache_data(ttl=600, show_spinner=False, max_entries=64)
+def _roc_points(directory: str, run_id: str, round_: int, version: float) -> dict:
+    return queries.roc_points(directory, run_id, round_)
+
+
+def load_roc_points(run_id: str, round_: int) -> dict:
+    """Per site, one round's stored ROC points (kept out of ``load_run``: most of its bytes)."""
+    directory = runs_dir()
+    return _roc_points(str(directory), run_id, round_, queries.store_version(directory))
+
+
 def load_runs() -> pd.DataFrame | None:
     """All runs, or None when the runs directory has no store yet."""
     directory = runs_dir()

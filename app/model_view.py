@@ -72,7 +72,7 @@ def choices(data: RunData) -> list[ModelChoice]:
 
 def all_sites(data: RunData) -> list[str]:
     """Every site the run knows: from the data cards and from any round."""
-    return sorted(set(data.sites["site"]) | set(data.site_rounds["site"]))
+    return sorted(set(data.sites["site"].unique()) | set(data.site_rounds["site"].unique()))
 
 
 def _rows_at(data: RunData, choice: ModelChoice) -> pd.DataFrame:
@@ -166,8 +166,11 @@ def site_status(data: RunData, choice: ModelChoice) -> pd.DataFrame:
                 "note": row["note"] or ("" if pd.notna(auc) else "AUC undefined: one class"),
             }
         else:
+            from_export = choice.key == EXPORTED and not data.evaluations.empty
             since = _unscored_since(data, site, choice.round)
-            last_round, last_auc = _last_scored(data, site, since)
+            last_round, last_auc = _last_scored(
+                data, site, int(data.site_rounds["round"].max()) + 1 if from_export else since
+            )
             last = (
                 "never scored"
                 if last_round is None
@@ -182,7 +185,9 @@ def site_status(data: RunData, choice: ModelChoice) -> pd.DataFrame:
                 "positives": None,
                 "negatives": None,
                 "few cases": False,
-                "note": f"not scored since round {since} ({status}); {last}",
+                "note": f"the exported model was not scored here (no answer); {last}"
+                if from_export
+                else f"not scored since round {since} ({status}); {last}",
             }
         entry["status"] = status
         out.append(entry)

@@ -7,6 +7,7 @@ tested on its own; ``app/common.py`` caches it.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -49,7 +50,14 @@ def _frame(runs_dir: str | Path, sql: str, params: tuple[Any, ...] = ()) -> pd.D
 
 
 def _loads(text: Any) -> Any:
-    return json.loads(text) if isinstance(text, str) else None
+    """JSON of one cell; repeated texts (``[30]``, ``{"undefined": []}``) are decoded once
+    (the pages only read these values, never change them)."""
+    return _decode(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(text: str) -> Any:
+    return json.loads(text)
 
 
 def runs(runs_dir: str | Path) -> pd.DataFrame:
@@ -133,8 +141,14 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
     rounds["mb"] = (rounds["bytes_up"].fillna(0) + rounds["bytes_down"].fillna(0)) / MB
     rounds["cumulative_mb"] = rounds["mb"].cumsum()
     site_rounds = _frame(
-        runs_dir, "SELECT * FROM site_rounds WHERE run_id = ? ORDER BY round, site", (run_id,)
-    )
+        runs_dir,
+        "SELECT *, json_remove(metrics, '$.roc') AS small_metrics,"
+        " json_type(metrics, '$.roc[0].thresholds') IS NOT NULL AS has_roc"
+        " FROM site_rounds WHERE run_id = ? ORDER BY round, site",
+        (run_id,),
+    )  # ROC points are most of the bytes: read per round, when a page draws them (roc_points)
+    site_rounds["metrics"] = site_rounds.pop("small_metrics")
+    site_rounds["has_roc"] = site_rounds["has_roc"].astype(bool)
     for column in _JSON_COLUMNS:
         site_rounds[column] = site_rounds[column].map(_loads)
     sites = _frame(runs_dir, "SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))
@@ -147,6 +161,18 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
         )
         evaluations["labels"] = evaluations["labels"].map(_loads)
     return RunData(match.iloc[0].to_dict(), rounds, site_rounds, sites, events, evaluations)
+
+
+def roc_points(runs_dir: str | Path, run_id: str, round_: int) -> dict[str, list[dict]]:
+    """Per site, the stored ROC points (one dict per label) of one round."""
+    frame = _frame(
+        runs_dir,
+        "SELECT site, json_extract(metrics, '$.roc') AS roc FROM site_rounds"
+        " WHERE run_id = ? AND round = ? AND json_type(metrics, '$.roc') = 'array'"
+        " ORDER BY site",
+        (run_id, round_),
+    )
+    return {site: json.loads(roc) for site, roc in zip(frame["site"], frame["roc"], strict=True)}
 
 
 def _has_table(runs_dir: str | Path, name: str) -> bool:

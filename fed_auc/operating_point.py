@@ -18,12 +18,13 @@ Pure functions on numpy arrays; no store, no dashboard. Stable API used by evalu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest
 
 N_BINS = 1000  # 0.001 wide: fine enough for poorly spread scores, ~30 kB per site and label
 EDGE_TOLERANCE = 1e-9
@@ -168,13 +169,19 @@ def pool(parts: Sequence[ScoreBins]) -> ScoreBins:
 
 
 def wilson_ci(successes: int, total: int, level: float = 0.95) -> tuple[float, float] | None:
-    """Wilson score interval of a proportion (scipy's implementation); None when total is 0."""
+    """Wilson score interval of a proportion (Wilson 1927; Newcombe 1998, method 3); None when
+    total is 0. Closed form: thousands per page render, where scipy's binomtest is too slow."""
     if total <= 0:
         return None
     if not 0 <= successes <= total:
         raise ValueError(f"{successes} successes out of {total}")
-    ci = binomtest(int(successes), int(total)).proportion_ci(level, method="wilson")
-    return float(ci.low), float(ci.high)
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p, z2 = successes / total, z * z
+    centre = (p + z2 / (2 * total)) / (1 + z2 / total)
+    half = z * math.sqrt(p * (1 - p) / total + z2 / (4 * total * total)) / (1 + z2 / total)
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends: no rounding at 0 and 1
+    hi = 1.0 if successes == total else min(1.0, centre + half)
+    return lo, hi
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import binomtest
 from sklearn.metrics import brier_score_loss, roc_auc_score, roc_curve
 
 from fed_auc.operating_point import (
@@ -50,6 +51,14 @@ def floored(scores: np.ndarray, edges: np.ndarray) -> np.ndarray:
 def test_wilson_matches_newcombe_1998_table_1(k, n, lo, hi):
     got = wilson_ci(k, n)
     assert got == pytest.approx((lo, hi), abs=6e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 500), st.data())
+def test_wilson_equals_scipys_binomtest_interval(total, data):
+    successes = data.draw(st.integers(0, total))
+    reference = binomtest(successes, total).proportion_ci(0.95, method="wilson")
+    assert wilson_ci(successes, total) == pytest.approx((reference.low, reference.high), abs=1e-12)
 
 
 def test_wilson_is_none_without_a_denominator_and_refuses_impossible_counts():

@@ -7,21 +7,7 @@ import streamlit as st
 
 from app import common
 from app.queries import RunData
-
-# Tableau 10: ten hues that stay apart (no two similar blues), in a fixed order per pick.
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac"]  # fmt: skip
-
-
-def differing_settings(configs: dict[str, dict]) -> pd.DataFrame:
-    """Config keys whose values differ between the runs (one column per run)."""
-    keys = sorted(set().union(*(c.keys() for c in configs.values())))
-    rows = {}
-    for key in keys:
-        values = {run: (c or {}).get(key) for run, c in configs.items()}
-        if len({repr(v) for v in values.values()}) > 1:
-            rows[key] = {run: "–" if v is None else str(v) for run, v in values.items()}
-    return pd.DataFrame.from_dict(rows, orient="index")
+from app.tables import PALETTE, differing_settings
 
 
 def body(data: RunData) -> None:

@@ -88,7 +88,7 @@ def exported_view(data: RunData, choice, bins: dict, card: float) -> None:
 
 
 def round_view(data: RunData, choice, label: int, card: float) -> None:
-    curves = roc_curves(data, choice.round, label)
+    curves = roc_curves(common.load_roc_points(data.run["id"], choice.round), label)
     if not curves:
         st.info("This run stores no ROC points for that round (recorded from this version on).")
         return
