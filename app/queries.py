@@ -140,14 +140,15 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
     rounds["metrics"] = rounds["metrics"].map(_loads)
     rounds["mb"] = (rounds["bytes_up"].fillna(0) + rounds["bytes_down"].fillna(0)) / MB
     rounds["cumulative_mb"] = rounds["mb"].cumsum()
+    columns = _frame(runs_dir, "SELECT name FROM pragma_table_info('site_rounds')")["name"]
+    plain = ", ".join(c for c in columns if c != "metrics")
     site_rounds = _frame(
         runs_dir,
-        "SELECT *, json_remove(metrics, '$.roc') AS small_metrics,"
+        f"SELECT {plain}, json_remove(metrics, '$.roc') AS metrics,"
         " json_type(metrics, '$.roc[0].thresholds') IS NOT NULL AS has_roc"
         " FROM site_rounds WHERE run_id = ? ORDER BY round, site",
         (run_id,),
     )  # ROC points are most of the bytes: read per round, when a page draws them (roc_points)
-    site_rounds["metrics"] = site_rounds.pop("small_metrics")
     site_rounds["has_roc"] = site_rounds["has_roc"].astype(bool)
     for column in _JSON_COLUMNS:
         site_rounds[column] = site_rounds[column].map(_loads)

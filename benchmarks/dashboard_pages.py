@@ -35,11 +35,12 @@ PAGES = ("overview", "sites", "heterogeneity", "participation", "compare", "roc"
          "operating_point")  # fmt: skip
 TARGET_S = 2.0
 TEST_N = 60
-DROPPED, DROP_AFTER, EXPORTED_ROUND, THRESHOLD = "site_07", 50, 180, 0.4137
+THRESHOLD = 0.4137
 
 
 def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
-    """A completed run of ``sites`` sites and ``rounds`` rounds, as a federation writes it."""
+    """A completed run of ``sites`` sites and ``rounds`` rounds, as a federation writes it:
+    the last site drops out after a quarter of the rounds; round 0.9 × rounds is exported."""
     sys.path.insert(0, str(ROOT))
     from fed_auc.operating_point import default_edges, score_bins
     from fed_auc.roc import roc_points
@@ -47,6 +48,7 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
 
     rng = np.random.default_rng(seed)
     names = [f"site_{i:02d}" for i in range(sites)]
+    dropped, drop_after, exported_round = names[-1], rounds // 4, int(0.9 * rounds)
     prevalence = rng.uniform(0.1, 0.5, sites)
 
     def split(i: int, round_: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +79,7 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
         for round_ in range(rounds + 1):
             rows = []
             for i, name in enumerate(names):
-                if name == DROPPED and round_ > DROP_AFTER:
+                if name == dropped and round_ > drop_after:
                     rows.append(SiteRound(name, "dropped"))
                     continue
                 labels, scores = split(i, round_)
@@ -112,9 +114,9 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
             )  # fmt: skip
         exported = {}
         for i, name in enumerate(names):
-            if name == DROPPED:
+            if name == dropped:
                 continue
-            labels, scores = split(i, EXPORTED_ROUND)
+            labels, scores = split(i, exported_round)
             bins = score_bins(labels, scores, default_edges([THRESHOLD]))
             exported[name] = [
                 {"n": TEST_N, "positives": int(labels.sum()), "auc": 0.7, "auc_lo": 0.6,
@@ -124,7 +126,7 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
         store.finish_run(
             run_id,
             "completed",
-            {"selected_round": EXPORTED_ROUND, "threshold": [THRESHOLD], "exported_auc": 0.7},
+            {"selected_round": exported_round, "threshold": [THRESHOLD], "exported_auc": 0.7},
         )
     return run_id
 
