@@ -75,7 +75,11 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def capture(
-    url: str, out_dir: str | Path, run_id: str | None = None, threshold_steps: int = -20
+    url: str,
+    out_dir: str | Path,
+    run_id: str | None = None,
+    threshold_steps: int = -20,
+    pages: tuple[str, ...] = PAGES,
 ) -> dict[str, str]:
     """Visit every page (picking ``run_id`` first if given); returns each page's visible text.
 
@@ -97,7 +101,7 @@ def capture(
             page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').click()
             page.get_by_role("option", name=run_id).click()
             page.get_by_text(f"Run {run_id} ·").wait_for()
-        for name in PAGES:
+        for name in pages:
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.get_by_role("link", name=name, exact=True).click()
             page.get_by_role("heading", name=TITLES.get(name, name)).wait_for()
@@ -123,12 +127,15 @@ def capture(
 
 
 def wait_until_idle(page) -> None:
-    """Until Streamlit's "running" indicator and every loading skeleton are gone."""
+    """Until Streamlit's "running" indicator and every loading skeleton are gone and every
+    chart has its canvas."""
     page.wait_for_function(
         """() => !document.querySelector('[data-testid="stStatusWidget"]')
-              && !document.querySelector('[data-testid="stSkeleton"]')"""
+              && !document.querySelector('[data-testid="stSkeleton"]')
+              && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+                   .every(c => c.querySelector('canvas, svg'))"""
     )
-    page.wait_for_timeout(500)  # vega-lite draws its canvas after the DOM settles
+    page.wait_for_timeout(500)  # vega-lite fills its canvas after creating it
 
 
 def main() -> None:
@@ -136,10 +143,12 @@ def main() -> None:
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--out", default="docs")
     parser.add_argument("--run-id", help="run to show (default: the newest)")
+    parser.add_argument("--pages", nargs="+", default=list(PAGES), choices=PAGES)
+    parser.add_argument("--threshold-steps", type=int, default=0, help="ROC slider key presses")
     args = parser.parse_args()
     with serve(args.runs_dir) as url:
-        capture(url, args.out, args.run_id)
-        for name in PAGES:
+        capture(url, args.out, args.run_id, args.threshold_steps, tuple(args.pages))
+        for name in args.pages:
             print(Path(args.out) / f"{name.lower().replace(' ', '_')}.png")
 
 

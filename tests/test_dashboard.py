@@ -192,7 +192,10 @@ def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_
             row = table.loc[f"{algorithm} · {run_id}"]
             total = (rounds["bytes_up"].sum() + rounds["bytes_down"].sum()) / 1e6
             assert row["total MB"] == pytest.approx(total)
-            assert row["pooled test AUC"] == pytest.approx(rounds["global_auc"].iloc[-1])
+            assert row["last round: pooled test AUC"] == pytest.approx(
+                rounds["global_auc"].iloc[-1]
+            )
+    assert table.loc["codasca · run-complete", "exported model: pooled test AUC"] == 0.61
     assert table["total MB"].iloc[1] == pytest.approx(2 * table["total MB"].iloc[0])
 
 

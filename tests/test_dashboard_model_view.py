@@ -3,7 +3,9 @@ Streamlit): missing is not undefined, the exported model comes first, runs are t
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +91,20 @@ def test_compare_lists_only_the_settings_that_differ():
     assert sorted(table.index) == ["lr", "sites"]
     assert table.loc["sites", "b"] == "–" and table.loc["lr", "a"] == "0.1"
     assert json.dumps(table.to_dict())  # plain values for st.dataframe
+
+
+def test_the_app_reads_the_store_and_never_imports_training_code():
+    """app/ imports from fed_auc only the store and the pure metric modules (no torch)."""
+    allowed = {"fed_auc.store", "fed_auc.operating_point", "fed_auc.roc"}
+    for path in (Path(__file__).resolve().parents[1] / "app").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] != "torch", (path, name)
+                if name.startswith("fed_auc"):
+                    assert name in allowed, (path, name)

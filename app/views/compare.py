@@ -23,12 +23,15 @@ def body(data: RunData) -> None:
     if not picked:
         st.info("Pick at least one run.")
         return
-    frames, configs = [], {}
+    frames, configs, exported = [], {}, {}
     for run_id in picked:
         run = common.load_run(run_id)
         rounds = run.rounds[["round", "global_auc", "worst_site_auc", "cumulative_mb"]].copy()
         rounds["run"] = f"{run.run['algorithm']} · {run_id}"
         frames.append(rounds)
+        exported[rounds["run"].iloc[0] if not rounds.empty else run_id] = (
+            run.run["summary"] or {}
+        ).get("exported_auc")
         configs[rounds["run"].iloc[0] if not rounds.empty else run_id] = {
             "algorithm": run.run["algorithm"],
             "data source": run.run["data_source"],
@@ -38,7 +41,14 @@ def body(data: RunData) -> None:
         }
     table = pd.concat(frames, ignore_index=True)
     final = table.groupby("run", sort=False).last()
-    final.columns = ["last round", "pooled test AUC", "worst-site AUC", "total MB"]
+    final.columns = [
+        "last round", "last round: pooled test AUC", "last round: worst-site AUC", "total MB"
+    ]  # fmt: skip
+    final.insert(1, "exported model: pooled test AUC", final.index.map(exported))
+    st.caption(
+        "Test splits of all sites; the last round's figures cover the sites scored in it, the "
+        "exported model's is its model card's."
+    )
     st.dataframe(
         final,
         width="stretch",
