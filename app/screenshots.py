@@ -25,6 +25,7 @@ PAGES = (
 )  # fmt: skip
 TITLES = {"Compare": "Compare runs"}
 TIMEOUT_MS = 60_000
+STARTUP_S = 240  # a start took over a minute here with 2 cores shared by 4 jobs
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP_S
         while True:
             try:
                 urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
@@ -129,13 +130,13 @@ def capture(
 def wait_until_idle(page) -> None:
     """Until Streamlit's "running" indicator and every loading skeleton are gone and every
     chart has its canvas."""
-    page.wait_for_function(
-        """() => !document.querySelector('[data-testid="stStatusWidget"]')
+    idle = """() => !document.querySelector('[data-testid="stStatusWidget"]')
               && !document.querySelector('[data-testid="stSkeleton"]')
               && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
                    .every(c => c.querySelector('canvas, svg'))"""
-    )
-    page.wait_for_timeout(500)  # vega-lite fills its canvas after creating it
+    page.wait_for_function(idle)
+    page.wait_for_timeout(1500)  # charts mount after the script ends, then draw
+    page.wait_for_function(idle)
 
 
 def main() -> None:

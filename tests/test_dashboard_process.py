@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.screenshots import free_port
+from app.screenshots import STARTUP_S, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen, int, int]:
     process = subprocess.Popen(
         [*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + STARTUP_S
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.screenshots import free_port
+from app.screenshots import STARTUP_S, free_port
 from tests.dashboard_store import fill
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_the_wheel_carries_the_app_and_its_dashboard_starts(tmp_path):
         cwd=away, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP_S
         while True:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)

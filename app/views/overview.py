@@ -106,12 +106,14 @@ def body(data: RunData) -> None:
         )
     st.altair_chart(chart, width="stretch")
 
-    sites = data.site_rounds.dropna(subset=["auc"])
-    if not sites.empty:
+    evaluated = data.site_rounds["round"].isin(scored["round"])
+    sites = data.site_rounds.loc[evaluated, ["round", "site", "auc"]]  # NaN: not scored
+    if sites["auc"].notna().any():
         st.subheader("Test AUC per site (global model after each round)")
+        st.caption("A gap in a site's line: rounds it was not scored (or had one class).")
         per_site = (
             alt.Chart(sites)
-            .mark_line(point=len(sites["round"].unique()) < 40)
+            .mark_line(point=len(sites["round"].unique()) < 40, invalid="break-paths-show-domains")
             .encode(
                 x=alt.X("round:Q", title="round", axis=ROUND_AXIS),
                 y=alt.Y("auc:Q", title="test AUC", scale=alt.Scale(zero=False)),
