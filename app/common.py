@@ -37,6 +37,17 @@ def _run_data(directory: str, run_id: str, version: float) -> RunData:
     return queries.run_data(directory, run_id)
 
 
+@st.cache_data(ttl=600, show_spinner=False, max_entries=64)
+def _roc_points(directory: str, run_id: str, round_: int, version: float) -> dict:
+    return queries.roc_points(directory, run_id, round_)
+
+
+def load_roc_points(run_id: str, round_: int) -> dict:
+    """Per site, one round's stored ROC points (kept out of ``load_run``: most of its bytes)."""
+    directory = runs_dir()
+    return _roc_points(str(directory), run_id, round_, queries.store_version(directory))
+
+
 def load_runs() -> pd.DataFrame | None:
     """All runs, or None when the runs directory has no store yet."""
     directory = runs_dir()
@@ -51,7 +62,8 @@ def load_run(run_id: str) -> RunData:
 
 
 def run_picker() -> None:
-    """Sidebar select box of runs (algorithm · status · start · id), newest first."""
+    """Sidebar select box of runs, newest first, labelled so that runs can be told apart
+    (algorithm · data · transport · sites · final AUC · status · start · id)."""
     runs = load_runs()
     st.sidebar.caption(f"Run store: `{queries.store_path(runs_dir())}`")
     if runs is None or runs.empty:
@@ -78,10 +90,22 @@ def current_run() -> RunData:
     run_id = st.session_state.get(RUN_KEY) or runs["id"].iloc[0]
     data = load_run(run_id)
     status_banner(data)
+    synthetic_badge(data)
     if data.rounds.empty:
         st.info("No round recorded yet: the run has started, its first evaluation is pending.")
         st.stop()
     return data
+
+
+def synthetic_badge(data: RunData) -> None:
+    """Say it plainly when every site's data are synthetic."""
+    sources = {(s or {}).get("source") for s in data.sites["summary"]}
+    if sources == {"synthetic"}:
+        st.badge("Synthetic data", icon=":material/science:", color="orange")
+        st.caption(
+            "Every site of this run holds generated images, not patients: its numbers say "
+            "nothing about clinical performance."
+        )
 
 
 def status_banner(data: RunData) -> None:
@@ -90,6 +114,7 @@ def status_banner(data: RunData) -> None:
     planned = data.planned_rounds
     progress = f"round {done if done is not None else '–'} of {planned or '?'}"
     st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
+    st.sidebar.caption(_describe(run))
     if run["status"] == "failed":
         error = (run.get("summary") or {}).get("error", "no error message recorded")
         st.error(f"Run {run['id']} failed at {progress}: {error}")
@@ -103,6 +128,11 @@ def status_banner(data: RunData) -> None:
             )
         else:
             st.info(f"Run {run['id']} is live: {progress}.")
+
+
+def _describe(run: dict) -> str:
+    """The picked run's whole label, wrapped (the select box cuts it)."""
+    return str(run["label"])
 
 
 def page(body: Callable[[RunData], None]) -> None:

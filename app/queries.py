@@ -7,6 +7,7 @@ tested on its own; ``app/common.py`` caches it.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -49,22 +50,67 @@ def _frame(runs_dir: str | Path, sql: str, params: tuple[Any, ...] = ()) -> pd.D
 
 
 def _loads(text: Any) -> Any:
-    return json.loads(text) if isinstance(text, str) else None
+    """JSON of one cell; repeated texts (``[30]``, ``{"undefined": []}``) are decoded once
+    (the pages only read these values, never change them)."""
+    return _decode(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(text: str) -> Any:
+    return json.loads(text)
 
 
 def runs(runs_dir: str | Path) -> pd.DataFrame:
-    """Every run, newest first, with the number of rounds recorded and a label for pickers."""
+    """Every run, newest first, with what tells runs apart: algorithm, data source, transport,
+    number of sites, whether the data are synthetic, final AUC; and a label for pickers."""
     frame = _frame(
         runs_dir,
-        "SELECT runs.*, (SELECT MAX(round) FROM rounds WHERE run_id = runs.id) AS last_round"
-        " FROM runs ORDER BY started_at DESC",
+        "SELECT runs.*, (SELECT MAX(round) FROM rounds WHERE run_id = runs.id) AS last_round,"
+        " (SELECT global_auc FROM rounds WHERE run_id = runs.id ORDER BY round DESC LIMIT 1)"
+        " AS last_auc, (SELECT COUNT(*) FROM sites WHERE run_id = runs.id) AS n_sites,"
+        " (SELECT MIN(json_extract(summary, '$.source') = 'synthetic') FROM sites"
+        " WHERE run_id = runs.id) AS synthetic FROM runs ORDER BY started_at DESC",
     )
     frame["config"] = frame["config"].map(_loads)
     frame["summary"] = frame["summary"].map(_loads)
-    started = pd.to_datetime(frame["started_at"], unit="s").dt.strftime("%Y-%m-%d %H:%M")
-    frame["label"] = frame["algorithm"] + " · " + frame["status"] + " · " + started
-    frame["label"] += " · " + frame["id"]
+    frame["data_source"] = frame["config"].map(data_source)
+    frame["transport"] = frame["config"].map(lambda c: (c or {}).get("transport", "local"))
+    frame["synthetic"] = frame["synthetic"].fillna(0).astype(bool)
+    frame["final_auc"] = [
+        (summary or {}).get("exported_auc", last) if isinstance(summary, dict) else last
+        for summary, last in zip(frame["summary"], frame["last_auc"], strict=True)
+    ]
+    frame["label"] = [run_label(row) for row in frame.to_dict("records")]
     return frame
+
+
+def data_source(config: dict[str, Any] | None) -> str:
+    """Where a run's data came from, in a few words: synthetic, a file's name, site files."""
+    config = config or {}
+    if config.get("site_files"):
+        return "site files"
+    data = str(config.get("data", "synthetic"))
+    kind, _, path = data.partition(":")
+    return f"{kind}:{Path(path.split(':')[0]).name}" if path else kind
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """algorithm · data source · transport · N sites · AUC · start · id: runs apart at a glance."""
+    auc = run.get("final_auc")
+    auc_text = "AUC –" if auc is None or auc != auc else f"AUC {auc:.3f}"
+    started = pd.to_datetime(run["started_at"], unit="s").strftime("%m-%d %H:%M")
+    parts = [
+        run["algorithm"],
+        run["data_source"]
+        + (" (synthetic)" if run["synthetic"] and run["data_source"] != "synthetic" else ""),
+        run["transport"],
+        f"{int(run['n_sites'])} sites",
+        auc_text,
+        run["status"],
+        started,
+        run["id"],
+    ]
+    return " · ".join(parts)
 
 
 @dataclass
@@ -76,6 +122,7 @@ class RunData:
     site_rounds: pd.DataFrame
     sites: pd.DataFrame
     events: pd.DataFrame
+    evaluations: pd.DataFrame  # model_evaluations rows, ``labels`` decoded (may be empty)
 
     @property
     def planned_rounds(self) -> int | None:
@@ -93,12 +140,44 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
     rounds["metrics"] = rounds["metrics"].map(_loads)
     rounds["mb"] = (rounds["bytes_up"].fillna(0) + rounds["bytes_down"].fillna(0)) / MB
     rounds["cumulative_mb"] = rounds["mb"].cumsum()
+    columns = _frame(runs_dir, "SELECT name FROM pragma_table_info('site_rounds')")["name"]
+    plain = ", ".join(c for c in columns if c != "metrics")
     site_rounds = _frame(
-        runs_dir, "SELECT * FROM site_rounds WHERE run_id = ? ORDER BY round, site", (run_id,)
-    )
+        runs_dir,
+        f"SELECT {plain}, json_remove(metrics, '$.roc') AS metrics,"
+        " json_type(metrics, '$.roc[0].thresholds') IS NOT NULL AS has_roc"
+        " FROM site_rounds WHERE run_id = ? ORDER BY round, site",
+        (run_id,),
+    )  # ROC points are most of the bytes: read per round, when a page draws them (roc_points)
+    site_rounds["has_roc"] = site_rounds["has_roc"].astype(bool)
     for column in _JSON_COLUMNS:
         site_rounds[column] = site_rounds[column].map(_loads)
     sites = _frame(runs_dir, "SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))
     sites["summary"] = sites["summary"].map(_loads)
     events = _frame(runs_dir, "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
-    return RunData(match.iloc[0].to_dict(), rounds, site_rounds, sites, events)
+    evaluations = pd.DataFrame(columns=["run_id", "model", "split", "site", "labels"])
+    if _has_table(runs_dir, "model_evaluations"):  # stores written before it lack the table
+        evaluations = _frame(
+            runs_dir, "SELECT * FROM model_evaluations WHERE run_id = ? ORDER BY site", (run_id,)
+        )
+        evaluations["labels"] = evaluations["labels"].map(_loads)
+    return RunData(match.iloc[0].to_dict(), rounds, site_rounds, sites, events, evaluations)
+
+
+def roc_points(runs_dir: str | Path, run_id: str, round_: int) -> dict[str, list[dict]]:
+    """Per site, the stored ROC points (one dict per label) of one round."""
+    frame = _frame(
+        runs_dir,
+        "SELECT site, json_extract(metrics, '$.roc') AS roc FROM site_rounds"
+        " WHERE run_id = ? AND round = ? AND json_type(metrics, '$.roc') = 'array'"
+        " ORDER BY site",
+        (run_id, round_),
+    )
+    return {site: json.loads(roc) for site, roc in zip(frame["site"], frame["roc"], strict=True)}
+
+
+def _has_table(runs_dir: str | Path, name: str) -> bool:
+    found = _frame(
+        runs_dir, "SELECT name FROM sqlite_master WHERE type='table' AND name=?", (name,)
+    )
+    return not found.empty

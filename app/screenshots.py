@@ -20,9 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-PAGES = ("Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC")
+PAGES = (
+    "Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC", "Operating point"
+)  # fmt: skip
 TITLES = {"Compare": "Compare runs"}
 TIMEOUT_MS = 60_000
+STARTUP_S = 240  # a start took over a minute here with 2 cores shared by 4 jobs
 
 
 def free_port() -> int:
@@ -44,7 +47,7 @@ def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP_S
         while True:
             try:
                 urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
@@ -56,16 +59,33 @@ def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
                 time.sleep(0.3)
         yield url
     finally:
-        process.terminate()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to ``fed-auc dashboard``: it passes it on to Streamlit and waits for it. Killed
+    after 20 s; even then its Streamlit gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``)."""
+    process.terminate()
+    try:
         process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stderr is not None:
+        process.stderr.close()
 
 
 def capture(
-    url: str, out_dir: str | Path, run_id: str | None = None, threshold_steps: int = -20
+    url: str,
+    out_dir: str | Path,
+    run_id: str | None = None,
+    threshold_steps: int = -20,
+    pages: tuple[str, ...] = PAGES,
 ) -> dict[str, str]:
     """Visit every page (picking ``run_id`` first if given); returns each page's visible text.
 
-    On the ROC page the slider moves ``threshold_steps`` steps of 0.01 with the arrow keys.
+    On the ROC page the slider moves ``threshold_steps`` steps with the arrow keys; the
+    heading it started with is returned as "ROC at start".
     """
     from playwright.sync_api import sync_playwright
 
@@ -82,32 +102,41 @@ def capture(
             page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').click()
             page.get_by_role("option", name=run_id).click()
             page.get_by_text(f"Run {run_id} ·").wait_for()
-        for name in PAGES:
+        for name in pages:
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.get_by_role("link", name=name, exact=True).click()
             page.get_by_role("heading", name=TITLES.get(name, name)).wait_for()
-            if name == "ROC":
+            if name == "ROC" and threshold_steps:
+                wait_until_idle(page)
+                heading = page.get_by_role("heading", name="At threshold")
+                texts["ROC at start"] = heading.inner_text()
                 slider = page.get_by_role("slider")
                 slider.focus()
                 key = "ArrowLeft" if threshold_steps < 0 else "ArrowRight"
                 for _ in range(abs(threshold_steps)):
                     page.keyboard.press(key)
-                value = 0.5 + threshold_steps / 100
-                page.get_by_text(f"At threshold {value:.2f}").wait_for()
+                page.wait_for_function(
+                    """(before) => [...document.querySelectorAll('h3')].some(
+                        h => h.innerText.startsWith('At threshold') && h.innerText !== before)""",
+                    arg=texts["ROC at start"],
+                )
             wait_until_idle(page)
-            page.screenshot(path=str(out / f"{name.lower()}.png"), full_page=True)
+            page.screenshot(path=str(out / f"{name.lower().replace(' ', '_')}.png"), full_page=True)
             texts[name] = page.locator('[data-testid="stMain"]').inner_text()
         browser.close()
     return texts
 
 
 def wait_until_idle(page) -> None:
-    """Until Streamlit's "running" indicator and every loading skeleton are gone."""
-    page.wait_for_function(
-        """() => !document.querySelector('[data-testid="stStatusWidget"]')
-              && !document.querySelector('[data-testid="stSkeleton"]')"""
-    )
-    page.wait_for_timeout(500)  # vega-lite draws its canvas after the DOM settles
+    """Until Streamlit's "running" indicator and every loading skeleton are gone and every
+    chart has its canvas."""
+    idle = """() => !document.querySelector('[data-testid="stStatusWidget"]')
+              && !document.querySelector('[data-testid="stSkeleton"]')
+              && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+                   .every(c => c.querySelector('canvas, svg'))"""
+    page.wait_for_function(idle)
+    page.wait_for_timeout(1500)  # charts mount after the script ends, then draw
+    page.wait_for_function(idle)
 
 
 def main() -> None:
@@ -115,10 +144,13 @@ def main() -> None:
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--out", default="docs")
     parser.add_argument("--run-id", help="run to show (default: the newest)")
+    parser.add_argument("--pages", nargs="+", default=list(PAGES), choices=PAGES)
+    parser.add_argument("--threshold-steps", type=int, default=0, help="ROC slider key presses")
     args = parser.parse_args()
     with serve(args.runs_dir) as url:
-        for name in capture(url, args.out, args.run_id):
-            print(Path(args.out) / f"{name.lower()}.png")
+        capture(url, args.out, args.run_id, args.threshold_steps, tuple(args.pages))
+        for name in args.pages:
+            print(Path(args.out) / f"{name.lower().replace(' ', '_')}.png")
 
 
 if __name__ == "__main__":

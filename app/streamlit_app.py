@@ -22,6 +22,7 @@ PAGES = [
     st.Page("views/participation.py", title="Participation"),
     st.Page("views/compare.py", title="Compare"),
     st.Page("views/roc.py", title="ROC"),
+    st.Page("views/operating_point.py", title="Operating point"),
 ]
 page = st.navigation(PAGES)
 common.run_picker()

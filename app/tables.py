@@ -158,19 +158,12 @@ def bytes_per_round(data: RunData) -> pd.DataFrame:
 def roc_round(data: RunData) -> int | None:
     """The latest round whose site rows carry ROC points."""
     rows = data.site_rounds
-    has = rows["metrics"].map(lambda m: isinstance(m, dict) and bool(m.get("roc")))
-    return int(rows.loc[has, "round"].max()) if has.any() else None
+    return int(rows.loc[rows["has_roc"], "round"].max()) if rows["has_roc"].any() else None
 
 
-def roc_curves(data: RunData, round_: int, label: int) -> dict[str, dict[str, Any]]:
-    """Per site, the stored ROC points of one label at one round."""
-    rows = data.site_rounds[data.site_rounds["round"] == round_]
-    curves = {}
-    for site, metrics in zip(rows["site"], rows["metrics"], strict=True):
-        roc = (metrics or {}).get("roc") or []
-        if label < len(roc):
-            curves[site] = roc[label]
-    return curves
+def roc_curves(rocs: dict[str, list[dict[str, Any]]], label: int) -> dict[str, dict[str, Any]]:
+    """Per site, the stored ROC points of one label (from ``queries.roc_points``)."""
+    return {site: roc[label] for site, roc in rocs.items() if label < len(roc)}
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -178,3 +171,19 @@ def fmt(value: Any, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}"
+
+
+# Tableau 10: ten hues that stay apart (no two similar blues), in a fixed order per pick.
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac"]  # fmt: skip
+
+
+def differing_settings(configs: dict[str, dict]) -> pd.DataFrame:
+    """Config keys whose values differ between the runs (one column per run)."""
+    keys = sorted(set().union(*(c.keys() for c in configs.values())))
+    rows = {}
+    for key in keys:
+        values = {run: (c or {}).get(key) for run, c in configs.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            rows[key] = {run: "–" if v is None else str(v) for run, v in values.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -51,6 +51,7 @@ BENCHMARKS = (
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
     Benchmark("reliability", "reliability.py"),
+    Benchmark("dashboard_pages", "dashboard_pages.py"),
 )
 
 

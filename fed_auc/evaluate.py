@@ -1,10 +1,12 @@
 """Batch evaluation of a registered model: per site and pooled, per label, with uncertainty.
 
 For every site (and all sites pooled) and every label: n, positives, prevalence, AUC with a
-percentile-bootstrap 95 % CI, ROC points, and sensitivity / specificity at the model card's
-operating threshold; plus the worst-site AUC. A site with one class gets the explicit
-"AUC undefined: no positives" (or negatives) instead of a number. Writes JSON, CSV and a ROC
-plot. Models load only from the registry format (`fed_auc.export.MODEL_FORMAT`).
+percentile-bootstrap 95 % CI, ROC points, binned score counts, and at the model card's
+operating threshold sensitivity / specificity / PPV / NPV with Wilson CIs, sensitivity at 90 %
+and 95 % specificity and the Brier score (``fed_auc.operating_point``); plus the worst-site
+AUC. A site with one class gets the explicit "AUC undefined: no positives" (or negatives)
+instead of a number. Writes JSON, CSV and a ROC plot. Models load only from the registry
+format (`fed_auc.export.MODEL_FORMAT`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
+from fed_auc.operating_point import default_edges, figures, score_bins
 from fed_auc.tta import check_tta, predict
 
 POOLED = "pooled"
@@ -105,6 +108,11 @@ def label_result(
         "specificity": float((s[y == 0] < threshold).mean()) if len(y) > positives else None,
         "roc": None,
     }
+    bins = score_bins(y, s, default_edges([threshold]))
+    if threshold < 1.0:  # "score ≥ 1" is no operating point the bins can resolve
+        clinical = figures(bins, threshold)
+        out.update({k: v for k, v in clinical.items() if k not in out})
+    out["bins"] = bins.to_dict()
     if result.auc is not None:
         out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)
         fpr, tpr, cut = roc_curve(y, s)
@@ -175,7 +183,7 @@ def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, S
 def results_table(results: dict[str, Any]) -> pd.DataFrame:
     """One row per site and label (no ROC points)."""
     rows = [
-        {"site": site, "label": label, **{k: v for k, v in r.items() if k != "roc"}}
+        {"site": site, "label": label, **{k: v for k, v in r.items() if k not in ("roc", "bins")}}
         for site, labels in results["sites"].items()
         for label, r in labels.items()
     ]

@@ -34,6 +34,7 @@ from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
 from fed_auc.models import model_from_config
+from fed_auc.operating_point import default_edges, score_bins
 from fed_auc.partial import choose_groups, memory_table, parse_budget
 from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
@@ -57,6 +58,7 @@ class SplitEvaluation:
     scores: np.ndarray | None = None  # (N, L), only when pooled scoring is on
     labels: np.ndarray | None = None
     roc: list[dict[str, Any]] | None = None  # per label, ≤ 101 points; test split only
+    bins: list[dict[str, Any]] | None = None  # per label, ScoreBins.to_dict(); test split only
 
 
 @dataclass
@@ -65,6 +67,20 @@ class Evaluation:
     splits: dict[str, SplitEvaluation] = field(default_factory=dict)
     duration_s: float = 0.0
     personal: dict[str, SplitEvaluation] | None = None  # the site's personal model, if any
+
+
+def label_bins(
+    labels: np.ndarray, scores: np.ndarray, thresholds: list[float] | None
+) -> list[dict[str, Any]] | None:
+    """Per label, the score counts with that label's threshold among the bin edges."""
+    if thresholds is None:
+        return None
+    if len(thresholds) != labels.shape[1]:
+        raise ValueError(f"{len(thresholds)} thresholds for {labels.shape[1]} labels")
+    return [
+        score_bins(labels[:, j], scores[:, j], default_edges([t])).to_dict()
+        for j, t in enumerate(thresholds)
+    ]
 
 
 class Node:
@@ -222,11 +238,17 @@ class Node:
 
     @torch.no_grad()
     def evaluate(
-        self, tensors: Tensors, splits: tuple[str, ...] = ("val", "test"), pooled: bool = False
+        self,
+        tensors: Tensors,
+        splits: tuple[str, ...] = ("val", "test"),
+        pooled: bool = False,
+        thresholds: list[float] | None = None,
     ) -> Evaluation:
-        """Score the given model on local splits: AUC with CI per label, and counts."""
+        """Score the given model on local splits: AUC with CI per label, and counts.
+        ``thresholds`` (per label, the model card's): also bin the test scores per label with
+        these thresholds among the edges, for operating points without per-image scores."""
         start = time.perf_counter()
-        result = Evaluation(self.name, self._score(tensors, splits, pooled))
+        result = Evaluation(self.name, self._score(tensors, splits, pooled, thresholds))
         if self.personalization is not None:  # and the site's own model, scored here only
             if self._local_state is None:  # nothing loaded yet: the latest state on disk
                 newest = self.pending_path if self.pending_path.exists() else self.state_path
@@ -239,7 +261,11 @@ class Node:
         return result
 
     def _score(
-        self, tensors: Tensors, splits: tuple[str, ...], pooled: bool
+        self,
+        tensors: Tensors,
+        splits: tuple[str, ...],
+        pooled: bool,
+        thresholds: list[float] | None = None,
     ) -> dict[str, SplitEvaluation]:
         self.trainable.load(tensors)
         out = {}
@@ -254,6 +280,7 @@ class Node:
                 scores=scores if pooled else None,
                 labels=labels if pooled else None,
                 roc=per_label_roc(labels, scores) if name == "test" else None,
+                bins=label_bins(labels, scores, thresholds) if name == "test" else None,
             )
         return out
 

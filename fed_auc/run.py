@@ -29,6 +29,8 @@ from fed_auc.store import RoundRecord, RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
 
 PARTITION_FILE = "partition.json"
+EXPORTED = "exported"  # the store's name for the model a run exported
+DEFAULT_THRESHOLD = 0.5  # where no threshold could be chosen (no pooled validation scores)
 
 
 def git_revision() -> str | None:
@@ -142,13 +144,15 @@ def train_and_close(
         chosen = []
         if thresholds:
             chosen = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
+        cut = chosen or [DEFAULT_THRESHOLD] * int(model_config["num_labels"])
+        exported = exported_evaluation(coordinator.transport, coordinator.sites, best.tensors, cut)
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
     finally:
         coordinator.close()
     return close_run(store, run_id, run_dir, config, coordinator.backend, best, model_config,
-                     cards, chosen)  # fmt: skip
+                     cards, chosen, exported)  # fmt: skip
 
 
 def close_run(
@@ -161,8 +165,10 @@ def close_run(
     model_config: dict[str, Any],
     cards: list[dict[str, Any]],
     thresholds: list[float],
+    exported: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Export the selected model with its card, record the run as completed, close the store.
+    ``exported``: the export's scores per site (``exported_evaluation``), recorded in the store.
 
     Shared by ``fed-auc simulate`` and the Flower coordinator, so both export the same thing.
     """
@@ -185,6 +191,11 @@ def close_run(
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
     summary["exported_auc"] = card["global_auc"]
+    summary["threshold"] = thresholds
+    if exported is not None:
+        store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])
+        for site, message in exported["failures"].items():
+            store.add_event(run_id, f"exported model not scored: {message}", "warning", site)
     model_path = export_model(run_dir / "model", best.tensors, model_config, card)
     summary["model_path"] = str(model_path)
     store.add_event(run_id, f"exported {what}")
@@ -192,6 +203,37 @@ def close_run(
     store.finish_run(run_id, "completed", summary)
     store.close()
     return summary
+
+
+def exported_evaluation(
+    transport, sites: list[str], tensors: Tensors, thresholds: list[float]
+) -> dict[str, Any]:
+    """The exported model scored on every site's test split: per label n, positives, AUC with
+    CI, the card's threshold and binned score counts (no per-image score leaves a site).
+    Sites that do not answer are listed under ``failures`` with the reason."""
+    answers = transport.evaluate(sites, tensors, pooled=False, thresholds=thresholds)
+    out: dict[str, Any] = {"sites": {}, "failures": {}}
+    for site, answer in answers.items():
+        if not hasattr(answer, "splits"):
+            out["failures"][site] = f"{answer.status}: {answer.message}"
+            continue
+        test = answer.splits["test"]
+        out["sites"][site] = [
+            {
+                "n": a.n,
+                "positives": a.positives,
+                "auc": a.auc,
+                "auc_lo": a.lo,
+                "auc_hi": a.hi,
+                "note": a.reason,
+                "threshold": t,
+                "bins": b,
+            }  # fmt: skip
+            for a, t, b in zip(
+                test.aucs, thresholds, test.bins or [None] * len(thresholds), strict=True
+            )  # fmt: skip
+        ]
+    return out
 
 
 def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:

@@ -82,6 +82,16 @@ CREATE TABLE IF NOT EXISTS sites (
     summary TEXT NOT NULL,            -- JSON data-card summary: counts, prevalence, intensity
     PRIMARY KEY (run_id, site)
 );
+CREATE TABLE IF NOT EXISTS model_evaluations (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    model TEXT NOT NULL,              -- "exported": the model the run exported; else a job name
+    split TEXT NOT NULL,
+    site TEXT NOT NULL,
+    labels TEXT NOT NULL,             -- JSON list per label: n, positives, threshold, AUC + CI,
+                                      -- score bins (fed_auc.operating_point.ScoreBins.to_dict)
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (run_id, model, split, site)
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -230,6 +240,19 @@ class RunStore:
             for site, level, message in record.events:
                 self._event(run_id, record.round, site, level, message)
 
+    def record_model_evaluation(
+        self, run_id: str, model: str, split: str, sites: Mapping[str, list[dict[str, Any]]]
+    ) -> None:
+        """One model scored on one split of each site: per label its counts, threshold, AUC
+        and score bins (never per-image scores). Replaces an earlier record of the same."""
+        now = time.time()
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO model_evaluations"
+                " (run_id, model, split, site, labels, recorded_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [(run_id, model, split, site, json.dumps(v), now) for site, v in sites.items()],
+            )
+
     def add_event(
         self,
         run_id: str,
@@ -279,6 +302,12 @@ class RunStore:
 
     def sites(self, run_id: str) -> pd.DataFrame:
         return self._frame("SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))
+
+    def model_evaluations(self, run_id: str) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM model_evaluations WHERE run_id = ? ORDER BY model, split, site",
+            (run_id,),
+        )
 
     def events(self, run_id: str) -> pd.DataFrame:
         return self._frame("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))

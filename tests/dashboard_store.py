@@ -1,9 +1,10 @@
 """A run store filled for the dashboard tests: known numbers the pages must show.
 
 Runs (all with real ROC points from seeded labels and scores):
-- ``complete``: codasca, 2 trained rounds, 3 sites; ``east`` has no test positives (AUC
-  undefined), ``south`` is dropped in round 2, ``north`` trains a partial model in round 2,
-  ``west`` is rejected in round 1.
+- ``complete``: codasca, 2 trained rounds, 4 sites; ``east`` has no test positives (AUC
+  undefined), ``south`` is dropped in round 2 (not scored there either), ``north`` trains a
+  partial model in round 2, ``west`` is rejected in round 1. It exported round 1 with the
+  card's threshold ``THRESHOLD`` and stored the export's binned test-score counts.
 - ``other``: fedavg, 2 rounds, other byte counts (for Compare).
 - ``one``: a single trained round.
 - ``failed``: round 0, then failed with an error message.
@@ -16,11 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from fed_auc.operating_point import default_edges, score_bins
 from fed_auc.roc import roc_points
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 
 SITES = ("east", "north", "south", "west")
 TEST_N = 60
+THRESHOLD = 0.363
+EXPORTED_ROUND = 1
 
 
 def split_of(site: str, round_: int) -> tuple[np.ndarray, np.ndarray]:
@@ -32,6 +36,8 @@ def split_of(site: str, round_: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _site_row(site: str, round_: int, status: str) -> SiteRound:
+    if status == "dropped":  # no answer: neither trained nor scored
+        return SiteRound(site, status, n=100, positives=[30])
     labels, scores = split_of(site, round_)
     roc = roc_points(labels, scores)
     positives = int(labels.sum())
@@ -68,6 +74,28 @@ def _round(round_: int, statuses: dict[str, str], scale: int = 1) -> RoundRecord
     return record
 
 
+def exported() -> dict[str, list[dict]]:
+    """The export (round 1's model) scored at every site: counts, AUC, threshold, bins."""
+    out = {}
+    for site in SITES:
+        labels, scores = split_of(site, EXPORTED_ROUND)
+        row = _site_row(site, EXPORTED_ROUND, "completed")
+        bins = score_bins(labels, scores, default_edges([THRESHOLD]))
+        out[site] = [
+            {
+                "n": TEST_N,
+                "positives": int(labels.sum()),
+                "auc": row.auc,
+                "auc_lo": row.auc_lo,
+                "auc_hi": row.auc_hi,
+                "note": "; ".join(row.metrics["undefined"]),
+                "threshold": THRESHOLD,
+                "bins": bins.to_dict(),
+            }  # fmt: skip
+        ]
+    return out
+
+
 def card(site: str, intensity: bool = True) -> dict:
     index = SITES.index(site)
     split = {"n": 100, "positives": [10 + 5 * index]}
@@ -86,7 +114,9 @@ def fill(runs_dir: Path) -> dict[str, str]:
             store.record_round(ids["other"], _round(round_, {}, scale=2))
         store.finish_run(ids["other"], "completed", {})
 
-        ids["complete"] = store.create_run("codasca", {"rounds": 2}, run_id="run-complete")
+        ids["complete"] = store.create_run(
+            "codasca", {"rounds": 2, "transport": "flower"}, run_id="run-complete"
+        )
         store.record_sites(ids["complete"], {s: card(s) for s in SITES})
         store.record_round(ids["complete"], _round(0, dict.fromkeys(SITES, "initial")))
         store.record_round(ids["complete"], _round(1, {"west": "rejected"}))
@@ -94,7 +124,9 @@ def fill(runs_dir: Path) -> dict[str, str]:
         last.sites[SITES.index("north")].trained_groups = ["dense3", "head"]
         store.record_round(ids["complete"], last)
         store.add_event(ids["complete"], "run completed")
-        store.finish_run(ids["complete"], "completed", {})
+        store.record_model_evaluation(ids["complete"], "exported", "test", exported())
+        summary = {"selected_round": EXPORTED_ROUND, "threshold": [THRESHOLD]}
+        store.finish_run(ids["complete"], "completed", summary | {"exported_auc": 0.61})
 
         ids["one"] = store.create_run("codasca", {"rounds": 1}, run_id="run-one")
         store.record_sites(ids["one"], {s: card(s) for s in SITES})
@@ -109,3 +141,41 @@ def fill(runs_dir: Path) -> dict[str, str]:
         ids["live"] = store.create_run("codasca", {"rounds": 9}, run_id="run-live")
         store.record_round(ids["live"], _round(0, dict.fromkeys(SITES, "initial")))
     return ids
+
+
+def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
+    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards, for
+    readability at any federation size; returns its id."""
+    names = [f"site_{i:02d}" for i in range(n_sites)]
+    rng = np.random.default_rng(n_sites)
+    with RunStore(runs_dir) as store:
+        run_id = store.create_run("codasca", {"rounds": rounds}, run_id=f"run-{n_sites}-sites")
+        store.record_sites(
+            run_id,
+            {
+                name: {
+                    "label_names": ["finding"],
+                    "source": "synthetic",
+                    "train": {
+                        "n": 100,
+                        "positives": [int(rng.integers(5, 50))],
+                        "intensity_mean": float(rng.random()),
+                        "intensity_std": float(rng.random()),
+                    },  # fmt: skip
+                }
+                for name in names
+            },
+        )
+        for round_ in range(rounds + 1):
+            rows = []
+            for i, name in enumerate(names):
+                status = "initial" if round_ == 0 else "completed"
+                row = SiteRound(name, status, n=100, positives=[30], n_test=TEST_N,
+                                test_positives=[20], auc=0.6 + 0.01 * i, auc_lo=0.5,
+                                auc_hi=0.7)  # fmt: skip
+                if round_:
+                    row.steps = 4 + (i + round_) % 3
+                rows.append(row)
+            store.record_round(run_id, RoundRecord(round_, global_auc=0.7, sites=rows))
+        store.finish_run(run_id, "completed", {})
+    return run_id

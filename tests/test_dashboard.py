@@ -19,10 +19,12 @@ from app import queries
 from app.common import RUNS_DIR_ENV
 from fed_auc.roc import operating_point
 from fed_auc.store import RunStore
-from tests.dashboard_store import SITES, fill, split_of
+from tests.dashboard_store import EXPORTED_ROUND, SITES, THRESHOLD, fill, split_of
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
-PAGES = ("overview", "sites", "heterogeneity", "participation", "compare", "roc")
+PAGES = (
+    "overview", "sites", "heterogeneity", "participation", "compare", "roc", "operating_point"
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -68,40 +70,78 @@ def test_queries_open_the_store_read_only(store_dir):
         queries.connect(store_dir / "nowhere")
 
 
-def test_overview_shows_the_stored_round_metrics(monkeypatch, store_dir):
+def test_overview_headline_is_the_exported_model_and_the_last_round_comes_second(
+    monkeypatch, store_dir
+):
     at = open_page(monkeypatch, store_dir, "overview", "run-complete")
     with RunStore(store_dir) as store:
+        rows = store.site_rounds("run-complete")
         last = store.rounds("run-complete").iloc[-1]
     shown = metrics(at)
     assert shown["Algorithm"] == "codasca" and shown["Status"] == "completed"
     assert shown["Round"] == "2 / 2"
-    assert shown["Pooled test AUC"] == f"{last['global_auc']:.3f}"
-    assert shown["Worst-site AUC"] == f"{last['worst_site_auc']:.3f}"
-    assert len(at.dataframe[0].value) == 5
+    headings = [h.value for h in at.subheader]
+    assert headings.index("Exported model (round 1 of 2)") < headings.index("Last round (2 of 2)")
+    exported = rows[(rows["round"] == EXPORTED_ROUND) & rows["auc"].notna()]
+    assert shown["Exported: worst-site AUC"] == f"{exported['auc'].min():.3f}"
+    assert shown["Exported: sites scored"] == "4 of 4"
+    # the last round: south dropped and was not scored; east has one class
+    final = rows[(rows["round"] == 2) & rows["auc"].notna()]
+    assert sorted(final["site"]) == ["north", "west"]
+    assert shown["Last round: sites scored"] == "3 of 4"
+    assert shown["Last round: worst-site AUC"] == f"{final['auc'].min():.3f}"
+    assert shown["Last round: mean site AUC"] == f"{final['auc'].mean():.3f}"
+    assert shown["Last round: pooled test AUC"] == f"{last['global_auc']:.3f}"
+    south = rows[(rows["site"] == "south") & (rows["round"] == 1)].iloc[0]
+    text = texts(at)
+    assert (
+        f"south not scored since round 2 (dropped); last AUC {south['auc']:.3f} at round 1" in text
+    )
+    assert "over 3 of 4 sites scored, 1 with a one-class test split" in text
+    assert "not every site was scored (rounds 2)" in text
+    runs = at.dataframe[0].value
+    assert len(runs) == 5
+    row = runs.set_index("id").loc["run-complete"]
+    assert row["transport"] == "flower" and row["sites"] == 4 and bool(row["synthetic"])
+    assert row["final AUC (exported, else last round)"] == pytest.approx(0.61)
 
 
-def test_sites_table_equals_the_store(monkeypatch, store_dir):
+def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "sites", "run-complete")
     with RunStore(store_dir) as store:
         stored = store.site_rounds("run-complete")
-        worst = store.rounds("run-complete")["worst_site_auc"].iloc[-1]
-    stored = stored[stored["round"] == 2].set_index("site")
+    at.radio(key="sites_model").set_value("Last round (2 of 2)").run()
     table = at.dataframe[0].value.set_index("site")
-    assert sorted(table.index) == sorted(SITES)
+    at2 = stored[stored["round"] == 2].set_index("site")
+    scored = ["east", "north", "west"]
     for column, source in (("AUC", "auc"), ("CI low", "auc_lo"), ("CI high", "auc_hi")):
-        np.testing.assert_allclose(table[column], stored.loc[table.index, source])
-    np.testing.assert_array_equal(table["n test"], stored.loc[table.index, "n_test"])
-    for site in SITES:
+        np.testing.assert_allclose(table.loc[scored, column], at2.loc[scored, source])
+    for site in scored:
         positives = int(split_of(site, 2)[0].sum())
-        assert table.loc[site, "prevalence"] == pytest.approx(positives / 60)
-    assert np.isnan(table.loc["east", "AUC"])
+        assert table.loc[site, "positives"] == positives
+        assert table.loc[site, "negatives"] == 60 - positives
     assert "no positives" in table.loc["east", "note"]
+    south_before = stored[(stored["round"] == 1) & (stored["site"] == "south")].iloc[0]
+    assert table.loc["south", "note"] == (
+        f"not scored since round 2 (dropped); last AUC {south_before['auc']:.3f} at round 1"
+    )
+    assert np.isnan(table.loc["south", "AUC"])
+    lows = table["CI low"].dropna().tolist()
+    assert lows == sorted(lows)  # least certain site first
     assert table.loc["south", "last round trained"] == 1  # dropped in round 2
-    assert table.loc["north", "last round trained"] == 2
     shown = metrics(at)
-    assert shown["Worst-site AUC"] == f"{worst:.3f}"
-    assert shown["Sites with undefined AUC"] == "1"
-    assert worst == pytest.approx(table["AUC"].min())
+    assert shown["Sites scored"] == "3 of 4"
+    assert shown["Worst-site AUC"] == f"{at2.loc[['north', 'west'], 'auc'].min():.3f}"
+    assert shown["Sites with a one-class test split"] == "1"
+    assert any("south: not scored since round 2" in str(w.value) for w in at.warning)
+
+    at.radio(key="sites_model").set_value("Exported model (round 1 of 2)").run()
+    exported = at.dataframe[0].value.set_index("site")
+    at1 = stored[stored["round"] == EXPORTED_ROUND].set_index("site")
+    np.testing.assert_allclose(
+        exported.loc[scored + ["south"], "AUC"], at1.loc[scored + ["south"], "auc"]
+    )
+    assert metrics(at)["Sites scored"] == "4 of 4"
 
 
 def test_heterogeneity_shows_data_cards_and_local_steps(monkeypatch, store_dir):
@@ -152,17 +192,21 @@ def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_
             row = table.loc[f"{algorithm} · {run_id}"]
             total = (rounds["bytes_up"].sum() + rounds["bytes_down"].sum()) / 1e6
             assert row["total MB"] == pytest.approx(total)
-            assert row["pooled test AUC"] == pytest.approx(rounds["global_auc"].iloc[-1])
+            assert row["last round: pooled test AUC"] == pytest.approx(
+                rounds["global_auc"].iloc[-1]
+            )
+    assert table.loc["codasca · run-complete", "exported model: pooled test AUC"] == 0.61
     assert table["total MB"].iloc[1] == pytest.approx(2 * table["total MB"].iloc[0])
 
 
-def test_roc_threshold_slider_reads_sensitivity_and_specificity(monkeypatch, store_dir):
+def test_roc_last_round_view_starts_at_the_cards_threshold(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "roc", "run-complete")
-    assert at.slider(key="roc_threshold").value == 0.5
+    at.radio(key="roc_model").set_value("Last round (2 of 2)").run()
+    assert at.slider(key="roc_round_threshold").value == round(THRESHOLD, 2)
     for threshold in (0.5, 0.3):
-        at.slider(key="roc_threshold").set_value(threshold).run()
+        at.slider(key="roc_round_threshold").set_value(threshold).run()
         table = at.dataframe[0].value.set_index("site")
-        for site in ("north", "south", "west"):
+        for site in ("north", "west"):
             labels, scores = split_of(site, 2)
             true_sens = ((scores >= threshold) & (labels == 1)).sum() / labels.sum()
             true_spec = ((scores < threshold) & (labels == 0)).sum() / (labels == 0).sum()
@@ -171,6 +215,7 @@ def test_roc_threshold_slider_reads_sensitivity_and_specificity(monkeypatch, sto
             assert table.loc[site, "sensitivity"] == pytest.approx(true_sens, abs=0.1)
             assert table.loc[site, "specificity"] == pytest.approx(true_spec, abs=0.1)
         assert "ROC undefined" in table.loc["east", "note"]
+        assert "south" not in table.index  # not scored in round 2
     assert "At threshold 0.30" in texts(at)
     with RunStore(store_dir) as store:
         stored = store.site_rounds("run-complete")
@@ -190,7 +235,10 @@ def visit_every_page(at: AppTest):
 def test_every_page_renders_a_one_round_run(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "overview", "run-one")
     titles = [at.title[0].value for _ in visit_every_page(at)]
-    assert titles == ["Overview", "Sites", "Heterogeneity", "Participation", "Compare runs", "ROC"]
+    assert titles == [
+        "Overview", "Sites", "Heterogeneity", "Participation", "Compare runs", "ROC",
+        "Operating point",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,15 @@ def test_roc_points_and_operating_point_match_the_scores():
     assert r["roc"]["fpr"][0] == 0 and r["roc"]["tpr"][-1] == 1
     assert np.trapezoid(r["roc"]["tpr"], r["roc"]["fpr"]) == pytest.approx(r["auc"])
     assert r["ci_lo"] is None  # no bootstrap asked for
+    called = scores >= card["threshold"][0]
+    assert r["ppv"] == pytest.approx(y[called].mean()) and r["npv"] == pytest.approx(
+        (~y[~called]).mean()
+    )
+    assert r["brier"] == pytest.approx(np.mean((scores - y) ** 2), abs=1e-6)
+    cut = r["threshold_at_spec_90"]
+    assert (scores[~y] < cut).mean() >= 0.9
+    assert r["sensitivity_at_spec_90"] == pytest.approx((scores[y] >= cut).mean())
+    assert sum(r["bins"]["positives"]) == y.sum() and sum(r["bins"]["negatives"]) == (~y).sum()
 
 
 def test_without_by_site_all_rows_are_one_site_and_label_mismatch_is_named(chexpert_run, tmp_path):

@@ -1,4 +1,5 @@
-"""Compare: two or more runs side by side — AUC per round and AUC per MB sent."""
+"""Compare: two or more runs side by side — AUC per round and per MB sent, in distinct
+colours, and the settings in which the runs differ."""
 
 import altair as alt
 import pandas as pd
@@ -6,6 +7,7 @@ import streamlit as st
 
 from app import common
 from app.queries import RunData
+from app.tables import PALETTE, differing_settings
 
 
 def body(data: RunData) -> None:
@@ -21,20 +23,47 @@ def body(data: RunData) -> None:
     if not picked:
         st.info("Pick at least one run.")
         return
-    frames = []
+    frames, configs, exported = [], {}, {}
     for run_id in picked:
         run = common.load_run(run_id)
         rounds = run.rounds[["round", "global_auc", "worst_site_auc", "cumulative_mb"]].copy()
         rounds["run"] = f"{run.run['algorithm']} · {run_id}"
         frames.append(rounds)
+        exported[rounds["run"].iloc[0] if not rounds.empty else run_id] = (
+            run.run["summary"] or {}
+        ).get("exported_auc")
+        configs[rounds["run"].iloc[0] if not rounds.empty else run_id] = {
+            "algorithm": run.run["algorithm"],
+            "data source": run.run["data_source"],
+            "transport": run.run["transport"],
+            "sites": int(run.run["n_sites"]),
+            **(run.run["config"] or {}),
+        }
     table = pd.concat(frames, ignore_index=True)
     final = table.groupby("run", sort=False).last()
-    final.columns = ["last round", "pooled test AUC", "worst-site AUC", "total MB"]
+    final.columns = [
+        "last round", "last round: pooled test AUC", "last round: worst-site AUC", "total MB"
+    ]  # fmt: skip
+    final.insert(1, "exported model: pooled test AUC", final.index.map(exported))
+    st.caption(
+        "Test splits of all sites; the last round's figures cover the sites scored in it, the "
+        "exported model's is its model card's."
+    )
     st.dataframe(
         final,
         width="stretch",
         column_config={c: st.column_config.NumberColumn(format="%.3f") for c in final.columns[1:]},
     )
+    settings = differing_settings(configs)
+    st.subheader("Settings that differ")
+    if len(configs) < 2:
+        st.caption("Pick a second run to see how their settings differ.")
+    elif settings.empty:
+        st.caption("The runs' recorded settings are identical (a repeat, e.g. another run).")
+    else:
+        st.dataframe(settings, width="stretch")
+    names = list(configs)
+    colors = alt.Scale(domain=names, range=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
     metric = st.radio(
         "AUC",
         ["global_auc", "worst_site_auc"],
@@ -51,8 +80,10 @@ def body(data: RunData) -> None:
             .mark_line(point=True)
             .encode(
                 x=alt.X(f"{x}:Q", title=title),
-                y=alt.Y(f"{metric}:Q", title="AUC", scale=alt.Scale(zero=False)),
-                color=alt.Color("run:N", legend=alt.Legend(orient="bottom", columns=1)),
+                y=alt.Y(f"{metric}:Q", title="test AUC", scale=alt.Scale(zero=False)),
+                color=alt.Color(
+                    "run:N", scale=colors, legend=alt.Legend(orient="bottom", columns=1)
+                ),
                 tooltip=[
                     "run",
                     "round",

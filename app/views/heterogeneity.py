@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common
+from app.charts import constant, heatmap
 from app.queries import RunData
 from app.tables import heterogeneity_table, similarity
 
@@ -14,7 +15,7 @@ def _line(frame: pd.DataFrame, column: str, title: str) -> alt.Chart:
         alt.Chart(frame.dropna(subset=[column]))
         .mark_line(point=True)
         .encode(
-            x="round:Q",
+            x=alt.X("round:Q", title="round"),
             y=alt.Y(f"{column}:Q", title=title),
             color="site:N",
             tooltip=["round", "site", alt.Tooltip(f"{column}:Q", format=".3f")],
@@ -43,26 +44,31 @@ def body(data: RunData) -> None:
             "statistics above: 1 = alike, towards 0 = far apart."
         )
         long = matrix.rename_axis("site").reset_index()
-        long = long.melt("site", var_name="other", value_name="similarity")
-        heat = (
-            alt.Chart(long)
-            .mark_rect()
-            .encode(
-                x=alt.X("other:N", title=None),
-                y=alt.Y("site:N", title=None),
-                color=alt.Color("similarity:Q", scale=alt.Scale(domain=[0, 1])),
-                tooltip=["site", "other", alt.Tooltip("similarity:Q", format=".2f")],
-            )
-            .properties(height=40 * len(matrix))
+        long = long.melt("site", var_name="other site", value_name="similarity")
+        heat = heatmap(
+            long,
+            "other site:N",
+            "site:N",
+            alt.Color(
+                "similarity:Q",
+                scale=alt.Scale(domain=[0, 1]),
+                title="similarity (1 = alike)",
+            ),
+            ["site", "other site", alt.Tooltip("similarity:Q", format=".2f")],
+            x_title="other site",
+            square=True,
         )
-        st.altair_chart(heat, width="stretch")
+        st.altair_chart(heat)
 
     trained = data.site_rounds[data.site_rounds["round"] > 0]
     if trained["drift"].notna().any():
         st.subheader("Update drift and cosine to the mean update")
         cols = st.columns(2)
-        cols[0].altair_chart(_line(trained, "drift", "‖Δw_k − mean Δw‖"), width="stretch")
-        cols[1].altair_chart(_line(trained, "cosine", "cos(Δw_k, mean Δw)"), width="stretch")
+        drift_title = "‖Δw_k − mean Δw‖ (L2, weight units)"
+        cols[0].altair_chart(_line(trained, "drift", drift_title), width="stretch")
+        cols[1].altair_chart(
+            _line(trained, "cosine", "cos(Δw_k, mean Δw) (unitless)"), width="stretch"
+        )
     else:
         st.info("No update signals recorded yet (no trained round).")
     steps = trained.dropna(subset=["steps"])
@@ -71,15 +77,19 @@ def body(data: RunData) -> None:
         summary = steps.groupby("site")["steps"].agg(["count", "sum", "mean", "min", "max"])
         summary.columns = ["rounds trained", "total steps", "mean", "min", "max"]
         st.dataframe(summary, width="stretch")
-        heat = (
-            alt.Chart(steps)
-            .mark_rect()
-            .encode(
-                x=alt.X("round:O"),
-                y=alt.Y("site:N", title=None),
-                color=alt.Color("steps:Q", title="local steps"),
-                tooltip=["round", "site", "steps"],
+        if constant(steps, "steps"):
+            st.caption(
+                f"Every site ran {int(steps['steps'].iloc[0])} local steps in every round it "
+                "trained: nothing to map."
             )
+            return
+        heat = heatmap(
+            steps,
+            "round:O",
+            "site:N",
+            alt.Color("steps:Q", title="local steps (optimizer steps)"),
+            ["round", "site", "steps"],
+            x_title="round",
         )
         st.altair_chart(heat, width="stretch")
 

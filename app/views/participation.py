@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common
+from app.charts import constant, heatmap
 from app.queries import RunData
 from app.tables import STATUSES, bytes_per_round, participation
 
@@ -22,33 +23,34 @@ def body(data: RunData) -> None:
         for col, status in zip(cols, ["completed", "dropped", "rejected", "error"], strict=True):
             col.metric(status.capitalize(), int(counts.get(status, 0)))
         st.subheader("Round × site status")
-        heat = (
-            alt.Chart(grid)
-            .mark_rect()
-            .encode(
-                x=alt.X("round:O"),
-                y=alt.Y("site:N", title=None),
-                color=alt.Color(
-                    "status:N", scale=alt.Scale(domain=STATUSES, range=COLORS), title="status"
-                ),
-                tooltip=["round", "site", "status", "steps", "trained groups"],
-            )
+        heat = heatmap(
+            grid,
+            "round:O",
+            "site:N",
+            alt.Color("status:N", scale=alt.Scale(domain=STATUSES, range=COLORS), title="status"),
+            ["round", "site", "status", "steps", "trained groups"],
+            x_title="round",
         )
         st.altair_chart(heat, width="stretch")
         partial = grid.dropna(subset=["trained groups"])
         if partial.empty:
             st.caption("Every site that trained trained the whole model (no partial training).")
+        elif len(partial) == (grid["status"] == "completed").sum() and constant(
+            partial, "trained groups"
+        ):
+            st.caption(
+                f"Every site that trained trained {int(partial['trained groups'].iloc[0])} "
+                "layer groups in every round: nothing to map."
+            )
         else:
             st.subheader("Trained depth (layer groups) of each site")
-            depth = (
-                alt.Chart(partial)
-                .mark_rect()
-                .encode(
-                    x="round:O",
-                    y=alt.Y("site:N", title=None),
-                    color=alt.Color("trained groups:Q", title="groups trained"),
-                    tooltip=["round", "site", "trained groups"],
-                )
+            depth = heatmap(
+                partial,
+                "round:O",
+                "site:N",
+                alt.Color("trained groups:Q", title="layer groups trained"),
+                ["round", "site", "trained groups"],
+                x_title="round",
             )
             st.altair_chart(depth, width="stretch")
         st.subheader("Per site")
@@ -65,8 +67,8 @@ def body(data: RunData) -> None:
             alt.Chart(traffic)
             .mark_bar()
             .encode(
-                x="round:O",
-                y=alt.Y("MB:Q", stack=True),
+                x=alt.X("round:O", title="round"),
+                y=alt.Y("MB:Q", stack=True, title="traffic (MB)"),
                 color="direction:N",
                 tooltip=["round", "direction", alt.Tooltip("MB:Q", format=".2f")],
             )

@@ -1,64 +1,101 @@
-"""Sites: does the model work at each hospital, and how sure are we (AUC with 95 % CI)."""
+"""Sites: does the model work at each hospital, and how sure are we (AUC with 95 % CI and the
+counts behind it). The exported model first; the last round or any round as other views."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from app import common
+from app.model_view import LAST, MIN_CLASS_COUNT, ModelChoice, choices, coverage, site_status
 from app.queries import RunData
 from app.tables import evaluated_rounds, fmt, site_table
+
+ANY_ROUND = "a round of training"
+
+
+def pick_model(data: RunData) -> ModelChoice:
+    """Radio: the exported model, the last round, or any evaluated round."""
+    options = choices(data)
+    names = [c.title for c in options] + [ANY_ROUND]
+    picked = st.radio("Model", names, horizontal=True, key="sites_model")
+    if picked != ANY_ROUND:
+        return options[names.index(picked)]
+    rounds = evaluated_rounds(data)
+    round_ = st.select_slider("Round", rounds, value=rounds[-1], key="sites_round")
+    last = options[-1]
+    return ModelChoice(
+        LAST, round_, f"Global model after round {round_}", last.thresholds, last.threshold_note
+    )
 
 
 def body(data: RunData) -> None:
     st.title("Sites")
-    rounds = evaluated_rounds(data)
-    if not rounds:
+    if not evaluated_rounds(data):
         st.info("No site has been evaluated in this run yet.")
         return
-    round_ = rounds[-1]
-    if len(rounds) > 1:
-        round_ = st.select_slider("Round", rounds, value=rounds[-1], key="sites_round")
-    table = site_table(data, round_)
-    at_round = data.rounds[data.rounds["round"] == round_]
-    worst = at_round["worst_site_auc"].iloc[0] if not at_round.empty else None
-    cols = st.columns(3)
-    cols[0].metric("Worst-site AUC", fmt(worst))
-    cols[1].metric("Sites evaluated", len(table))
-    cols[2].metric("Sites with undefined AUC", int(table["AUC"].isna().sum()))
+    choice = pick_model(data)
+    table = site_status(data, choice)
+    cover = coverage(table)
+    cols = st.columns(4)
+    cols[0].metric("Sites scored", f"{len(cover.scored)} of {cover.total}")
+    cols[1].metric("Mean site AUC", fmt(cover.mean_auc))
+    cols[2].metric("Worst-site AUC", fmt(cover.worst_auc))
+    cols[3].metric("Sites with a one-class test split", len(cover.scored) - len(cover.defined))
     st.caption(
-        f"Test split of each site, global model after round {round_}. 95 % CI: Hanley–McNeil. "
-        "An AUC is undefined where the site's test split has only one class."
+        f"{choice.caption}. Mean and worst over {cover.sentence()}. Sorted by the lower end of "
+        "the 95 % CI (Hanley–McNeil per round; the export's own evaluation for the exported "
+        f"model). 'few cases': under {MIN_CLASS_COUNT} test positives or negatives, so its "
+        "AUC is mostly noise. An AUC is undefined only where the test split has one class."
     )
+    for site in cover.missing:
+        st.warning(f"{site}: {table.set_index('site').loc[site, 'note']}")
+    extra = site_table(data, choice.round).set_index("site") if choice.key == LAST else None
+    shown = table.drop(columns=["scored"])
+    if extra is not None:
+        keep = [c for c in extra.columns if c.startswith("prevalence") or c in (
+            "n train", "personal AUC", "last round trained")]  # fmt: skip
+        shown = shown.join(extra[keep], on="site")
     st.dataframe(
-        table,
+        shown,
         hide_index=True,
         width="stretch",
         column_config={
             c: st.column_config.NumberColumn(format="%.3f")
-            for c in table.columns
+            for c in shown.columns
             if c in ("AUC", "CI low", "CI high", "personal AUC") or c.startswith("prevalence")
         },
     )
     defined = table.dropna(subset=["AUC"])
     if defined.empty:
         return
-    base = alt.Chart(defined).encode(y=alt.Y("site:N", title=None))
+    order = defined["site"].tolist()
+    base = alt.Chart(defined).encode(y=alt.Y("site:N", title=None, sort=order))
     ci = base.mark_rule().encode(
         x=alt.X("CI low:Q", title="test AUC (95 % CI)", scale=alt.Scale(domain=[0, 1])),
         x2="CI high:Q",
     )
     point = base.mark_point(filled=True, size=80).encode(
-        x="AUC:Q", tooltip=["site", alt.Tooltip("AUC:Q", format=".3f"), "n test"]
+        x="AUC:Q",
+        shape=alt.Shape("few cases:N", title=f"< {MIN_CLASS_COUNT} of a class"),
+        tooltip=["site", alt.Tooltip("AUC:Q", format=".3f"), "positives", "negatives"],
     )
     chance = alt.Chart(pd.DataFrame({"x": [0.5]})).mark_rule(strokeDash=[4, 4]).encode(x="x:Q")
-    st.altair_chart(ci + point + chance, width="stretch")
-    if "personal AUC" in table:
+    height = max(120, 22 * len(defined))
+    st.altair_chart((ci + point + chance).properties(height=height), width="stretch")
+    if extra is not None and "personal AUC" in extra:
         st.subheader("Personal vs global model")
-        pair = table.melt("site", ["AUC", "personal AUC"], var_name="model", value_name="value")
+        pair = extra.reset_index().melt(
+            "site", ["AUC", "personal AUC"], var_name="model", value_name="value"
+        )
         bars = (
             alt.Chart(pair.dropna())
             .mark_bar()
-            .encode(x="value:Q", y="site:N", yOffset="model:N", color="model:N")
+            .encode(
+                x=alt.X("value:Q", title="test AUC"),
+                y=alt.Y("site:N", title=None),
+                yOffset="model:N",
+                color="model:N",
+            )
         )
         st.altair_chart(bars, width="stretch")
 

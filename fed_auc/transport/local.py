@@ -37,11 +37,16 @@ class LocalTransport:
         }
 
     def evaluate(
-        self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
+        self,
+        sites: Sequence[str],
+        tensors: Tensors,
+        pooled: bool = True,
+        thresholds: list[float] | None = None,
     ) -> dict[str, Evaluation | NodeFailure]:
-        return {
-            site: self._call(site, lambda n: n.evaluate(tensors, pooled=pooled)) for site in sites
-        }
+        def ask(node):
+            return node.evaluate(tensors, pooled=pooled, thresholds=thresholds)
+
+        return {site: self._call(site, ask) for site in sites}
 
     def _call(self, site: str, request):
         try:

@@ -219,6 +219,7 @@ def _splits_header(
             "positives": split.positives,
             "aucs": [dataclasses.asdict(a) for a in split.aucs],
             "roc": split.roc,
+            "bins": split.bins,
         }
         if split.scores is not None:
             tensors[f"scores/{name}"] = torch.from_numpy(np.ascontiguousarray(split.scores))
@@ -246,5 +247,6 @@ def _splits_of(header: dict[str, Any], tensors: Tensors) -> dict[str, SplitEvalu
             scores=None if scores is None else scores.numpy(),
             labels=None if labels is None else labels.numpy(),
             roc=split.get("roc"),
+            bins=split.get("bins"),
         )
     return out

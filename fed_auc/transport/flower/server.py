@@ -152,9 +152,15 @@ class FlowerTransport:
         }
 
     def evaluate(
-        self, sites: Sequence[str], tensors: Tensors, pooled: bool = True
+        self,
+        sites: Sequence[str],
+        tensors: Tensors,
+        pooled: bool = True,
+        thresholds: list[float] | None = None,
     ) -> dict[str, Evaluation | NodeFailure]:
         header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
+        if thresholds is not None:  # the nodes bin their test scores around these
+            header["thresholds"] = list(thresholds)
         memo: dict[int, str] = {}
         frames = {
             site: tensor_frame(header, tensors, self.held.get(site, []), memo) for site in sites

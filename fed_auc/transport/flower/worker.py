@@ -88,7 +88,9 @@ class NodeWorker:
             return reply_frame(reply)
         if kind == "evaluate":
             tensors = frame_tensors((header, buffers), self._cache)
-            evaluation = node.evaluate(tensors, pooled=bool(header["pooled"]))
+            evaluation = node.evaluate(
+                tensors, pooled=bool(header["pooled"]), thresholds=header.get("thresholds")
+            )
             aucs = {name: mean_auc(split.aucs) for name, split in evaluation.splits.items()}
             shown = ", ".join(
                 f"{name} AUC {'undefined' if auc is None else f'{auc:.3f}'}"

@@ -1,0 +1,149 @@
+"""What a clinician reads about the exported model at its operating point, per site and
+pooled: counts, sensitivity / specificity / PPV / NPV with Wilson CIs, sensitivity at fixed
+specificities, calibration and Brier score. Pure pandas over the store's binned score counts
+(``fed_auc.operating_point`` does the arithmetic); no per-image score exists to read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from app.model_view import EXPORTED
+from app.queries import RunData
+from fed_auc.operating_point import (
+    ScoreBins,
+    at_threshold,
+    curve,
+    figures,
+    pool,
+    reliability,
+)
+
+POOLED = "pooled"
+
+
+def exported_bins(data: RunData, label: int) -> dict[str, ScoreBins]:
+    """Per site, the exported model's score counts of one label (checked as they load)."""
+    rows = data.evaluations
+    rows = rows[(rows["model"] == EXPORTED) & (rows["split"] == "test")]
+    out = {}
+    for site, labels in zip(rows["site"], rows["labels"], strict=True):
+        if label < len(labels) and labels[label].get("bins"):
+            out[site] = ScoreBins.from_dict(labels[label]["bins"], where=f"site {site}")
+    return out
+
+
+def with_pooled(bins: dict[str, ScoreBins]) -> dict[str, ScoreBins]:
+    """The sites' counts and, with more than one site, their sum as ``pooled``."""
+    if len(bins) < 2:
+        return dict(bins)
+    return {**bins, POOLED: pool(list(bins.values()))}
+
+
+def operating_table(bins: dict[str, ScoreBins], threshold: float) -> pd.DataFrame:
+    """One row per site (and pooled): every figure of ``fed_auc.operating_point.figures``."""
+    rows = []
+    for site, counts in bins.items():
+        rows.append({"site": site, **figures(counts, threshold)})
+    return pd.DataFrame(rows)
+
+
+def ci_text(value: Any, lo: Any, hi: Any) -> str:
+    """ "0.812 (0.701–0.889)", or "n/a" when undefined."""
+    if value is None or pd.isna(value):
+        return "n/a"
+    return f"{value:.3f} ({lo:.3f}–{hi:.3f})"
+
+
+def readable(table: pd.DataFrame) -> pd.DataFrame:
+    """The columns a clinician reads, each figure with its 95 % CI in one cell."""
+    out = pd.DataFrame(
+        {
+            "site": table["site"],
+            "positives": table["n_positive"],
+            "negatives": table["n_negative"],
+            "TP": table["tp"],
+            "FN": table["fn"],
+            "TN": table["tn"],
+            "FP": table["fp"],
+        }
+    )
+    for name, title in (
+        ("sensitivity", "sensitivity"),
+        ("specificity", "specificity"),
+        ("ppv", "PPV"),
+        ("npv", "NPV"),
+        ("sensitivity_at_spec_90", "sensitivity @ 90 % spec."),
+        ("sensitivity_at_spec_95", "sensitivity @ 95 % spec."),
+    ):
+        out[f"{title} (95 % CI)"] = [
+            ci_text(v, lo, hi)
+            for v, lo, hi in zip(table[name], table[f"{name}_lo"], table[f"{name}_hi"], strict=True)
+        ]
+    out["Brier"] = table["brier"]
+    return out
+
+
+def calibration_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:
+    """Reliability diagram points per site: mean score vs observed positive fraction."""
+    rows = []
+    for site, counts in bins.items():
+        for b in reliability(counts):
+            if b.n:
+                rows.append(
+                    {
+                        "site": site,
+                        "score range": f"{b.lo:.1f}–{b.hi:.1f}",
+                        "mean score": b.mean_score,
+                        "observed positive fraction": b.observed.value,
+                        "CI low": b.observed.lo,
+                        "CI high": b.observed.hi,
+                        "images": b.n,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def roc_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:
+    """The exact ROC curve per site at every bin edge where it moves (each point carries the
+    highest threshold that reaches it: the lowest edge of a run of equal points is dropped)."""
+    parts = {"site": [], "threshold": [], "sensitivity": [], "fpr": []}
+    for site, counts in bins.items():
+        if counts.n_positive == 0 or counts.n_negative == 0:
+            continue
+        thresholds, sensitivity, specificity = curve(counts)
+        fpr = 1 - specificity
+        moved = np.ones(len(thresholds), dtype=bool)  # only the corners: empty bins add none
+        moved[1:] = (np.diff(sensitivity) != 0) | (np.diff(fpr) != 0)
+        parts["site"] += [site] * int(moved.sum())
+        parts["threshold"].append(thresholds[moved])
+        parts["sensitivity"].append(sensitivity[moved])
+        parts["fpr"].append(fpr[moved])
+    if not parts["site"]:
+        return pd.DataFrame()
+    return pd.DataFrame({k: v if k == "site" else np.concatenate(v) for k, v in parts.items()})
+
+
+def point_at(bins: dict[str, ScoreBins], threshold: float) -> pd.DataFrame:
+    """Sensitivity and specificity of every site at one threshold (a bin edge)."""
+    rows = []
+    for site, counts in bins.items():
+        op = at_threshold(counts, threshold)
+        rows.append(
+            {
+                "site": site,
+                "positives": counts.n_positive,
+                "negatives": counts.n_negative,
+                "sensitivity": op.sensitivity.value,
+                "specificity": op.specificity.value,
+                "PPV": op.ppv.value,
+                "NPV": op.npv.value,
+                "note": ""
+                if counts.n_positive and counts.n_negative
+                else "one class only: ROC undefined",
+            }
+        )
+    return pd.DataFrame(rows)
