@@ -28,13 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NPZ = ROOT.parent / "shared" / "data" / "breastmnist.npz"
 BASELINE = "FedAvg-CE"
+LIBAUC = "LibAUC PESG, centralized"
 # Contender -> the options that make it; all share the federation's recipe below.
 ARMS: dict[str, list[str]] = {
     BASELINE: ["--algorithm", "fedavg"],
@@ -189,12 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             federation, args.arms, seeds, args.jobs, runs, args.npz, args.quick, args.extra
         )
         if args.libauc and federation.startswith("breast"):
-            from libauc_central import run_central
-
-            results["LibAUC, centralized"] = {
-                seed: run_central(args.npz, federation_partition(federation), seed)
-                for seed in seeds
-            }
+            results[LIBAUC] = central_runs(args.npz, federation, seeds, args.jobs)
         everything[federation] = results
         sections.append(fragment_section(federation, results, args.quick, args.extra))
     if args.json is not None:
@@ -208,6 +204,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     head = provenance(" ".join(map(str, seeds)), time.perf_counter() - start, settings + ".")
     emit("\n\n".join([head, *sections]) + "\n", args.markdown)
+
+
+def central_runs(npz: Path, federation: str, seeds: list[int], jobs: int) -> dict[int, dict]:
+    """LibAUC centralized on the federation's pooled images, one process per seed (≤ 2)."""
+    from libauc_central import run_central
+
+    partition = federation_partition(federation)
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, 2))) as pool:
+        futures = {seed: pool.submit(run_central, npz, partition, seed) for seed in seeds}
+        return {seed: future.result() for seed, future in futures.items()}
 
 
 def federation_partition(federation: str) -> str:
