@@ -32,6 +32,7 @@ VARIANTS: dict[str, list[str]] = {
     "warm-up 0 rounds": ["--warmup-rounds", "0"],
     "positive floor 0.2 per batch": ["--min-pos-fraction", "0.2"],
     "lr 0.1": ["--lr", "0.1"],
+    "lr 0.4": ["--lr", "0.4"],
     "lr ÷ 3 every 5 rounds": ["--decay-every", "40"],
     "η_g = 2 (server step)": ["--eta-g", "2.0"],
 }

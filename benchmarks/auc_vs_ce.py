@@ -178,21 +178,28 @@ def main(argv: list[str] | None = None) -> None:
         help="further simulate options for every run (a recipe under test)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every run's numbers here")
+    parser.add_argument(
+        "--from-json", type=Path, nargs="+",
+        help="print the tables of earlier --json files (merged in order) instead of running",
+    )  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4])
     federations = args.federations or (["synthetic_rare"] if args.quick else list(FEDERATIONS))
     runs = Path(tempfile.mkdtemp(prefix="auc_vs_ce_"))
     start = time.perf_counter()
-    sections, everything = [], {}
-    for federation in federations:
+    everything = merged(args.from_json) if args.from_json else {}
+    for federation in [] if args.from_json else federations:
         results = run_federation(
             federation, args.arms, seeds, args.jobs, runs, args.npz, args.quick, args.extra
         )
         if args.libauc and federation.startswith("breast"):
             results[LIBAUC] = central_runs(args.npz, federation, seeds, args.jobs)
         everything[federation] = results
-        sections.append(fragment_section(federation, results, args.quick, args.extra))
+    sections = [
+        fragment_section(federation, results, args.quick, args.extra)
+        for federation, results in everything.items()
+    ]
     if args.json is not None:
         args.json.write_text(json.dumps(everything, indent=1))
     from fragment import emit, provenance
@@ -204,6 +211,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     head = provenance(" ".join(map(str, seeds)), time.perf_counter() - start, settings + ".")
     emit("\n\n".join([head, *sections]) + "\n", args.markdown)
+
+
+def merged(paths: list[Path]) -> dict[str, dict[str, dict[int, dict]]]:
+    """The results of several ``--json`` files, federation by federation and contender by
+    contender (later files add seeds and contenders); seeds become ints again."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for path in paths:
+        for federation, arms in json.loads(path.read_text()).items():
+            for arm, by_seed in arms.items():
+                runs = {int(seed): r for seed, r in by_seed.items()}
+                out.setdefault(federation, {}).setdefault(arm, {}).update(runs)
+    return out
 
 
 def central_runs(npz: Path, federation: str, seeds: list[int], jobs: int) -> dict[int, dict]:

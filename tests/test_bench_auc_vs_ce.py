@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -67,3 +68,15 @@ def test_causes_table_gives_the_validation_difference_to_the_recipe():
     }
     row = auc_causes.table(results).splitlines()[-1]
     assert row.startswith("| lr 0.1 | 0.870 ± 0.071 | +0.020 [+0.020, +0.020]")
+
+
+def test_from_json_merges_runs_by_federation_contender_and_seed(tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"breast_5": {bench.BASELINE: _runs([(0, 0.8)])}}))
+    second.write_text(
+        json.dumps(
+            {"breast_5": {bench.BASELINE: _runs([(1, 0.7)]), bench.LIBAUC: _runs([(0, 0.9)])}}
+        )
+    )
+    out = bench.merged([first, second])["breast_5"]
+    assert sorted(out[bench.BASELINE]) == [0, 1] and list(out[bench.LIBAUC]) == [0]
