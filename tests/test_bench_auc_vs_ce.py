@@ -80,3 +80,20 @@ def test_from_json_merges_runs_by_federation_contender_and_seed(tmp_path):
     )
     out = bench.merged([first, second])["breast_5"]
     assert sorted(out[bench.BASELINE]) == [0, 1] and list(out[bench.LIBAUC]) == [0]
+
+
+def test_the_centralized_reference_pools_exactly_the_federations_training_images(tmp_path):
+    import libauc_central
+    import numpy as np
+
+    from tests.data_files import write_npz
+
+    path = write_npz(tmp_path / "m.npz", n=(200, 40, 40))
+    data = libauc_central.pooled_splits(path, "imratio:0.1,0.1,0.1,0.1", seed=0)
+    raw = np.load(path)
+    malignant = int((raw["train_labels"][:, 0] == 0).sum())
+    positives, n = int(data.train[1].sum()), len(data.train[1])
+    assert 0 < positives < malignant and positives / n <= 0.1  # cut to the sites' imratio
+    assert len(data.val[1]) == 40 and int(data.test[1].sum()) == int(
+        (raw["test_labels"] == 0).sum()
+    )
