@@ -50,6 +50,7 @@ BENCHMARKS = (
     Benchmark("partial_and_personal", "partial_and_personal.py", ("memory", "partial", "personal")),
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
+    Benchmark("auc_vs_ce", "auc_vs_ce.py"),
     Benchmark("reliability", "reliability.py"),
     Benchmark("dashboard_pages", "dashboard_pages.py"),
 )

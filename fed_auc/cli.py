@@ -127,6 +127,12 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
     )
     p.add_argument(
+        "--warmup-reset-head",
+        action="store_true",
+        default=None,
+        help="start the AUC phase with the classifier re-initialized (LibAUC's recipe)",
+    )
+    p.add_argument(
         "--augment",
         help="training-time augmentation: none, flip, crop_flip (default: flip for image "
         "files, none for synthetic)",
@@ -159,6 +165,12 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         "quantity:ALPHA, imratio:R1,R2,...",
     )
     p.add_argument("--feature-shift", type=float, help="per-site contrast/brightness shift (0)")
+    p.add_argument(
+        "--positive-label",
+        type=int,
+        help="label value of the file that is the positive class, every other value negative "
+        "(default: 1); e.g. 0 for BreastMNIST's malignant class",
+    )
     p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
     p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
     p.add_argument(
@@ -440,6 +452,7 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
         "uncertain": args.uncertain or "zeros",
         "frontal_only": bool(args.frontal_only),
         "skip_bad_images": bool(args.skip_bad_images),
+        "positive_label": args.positive_label,
     }
 
 

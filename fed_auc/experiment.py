@@ -17,6 +17,7 @@ from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.algorithms.base import validate_positive
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
+from fed_auc.data.labels import validate_positive_label
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
@@ -38,7 +39,7 @@ TRANSPORTS = ("local", "flower")
 # them, how it is split and shifted): each node owns its data over Flower.
 SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
-    "skip_bad_images", "site_memory", "site_local_steps", "site_files",
+    "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
 )  # fmt: skip
 
 
@@ -100,6 +101,9 @@ class ExperimentConfig:
     uncertain: str = "zeros"  # CheXpert -1 labels: zeros / ones / ignore
     frontal_only: bool = False
     skip_bad_images: bool = False
+    # The label value of a file source that is the positive class (None: the file's 1), e.g.
+    # 0 for BreastMNIST, whose 1 is normal/benign and 0 malignant (fed_auc.data.labels).
+    positive_label: int | None = None
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
     # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
@@ -107,6 +111,9 @@ class ExperimentConfig:
     # image files (a 78-image validation split picks single rounds noisily, BENCHMARKS.md),
     # best_val for the synthetic demo.
     warmup_rounds: int = 0
+    # Start the AUC phase from the warm-up's network with the classifier (output layer) set
+    # back to its initial values, as LibAUC's two-stage recipe does (BENCHMARKS.md, auc_vs_ce).
+    warmup_reset_head: bool = False
     select: str | None = None
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
@@ -194,12 +201,20 @@ class ExperimentConfig:
         if self.partition is not None:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
+        validate_positive_label(self.positive_label)
+        if synthetic and self.positive_label is not None:
+            raise ValueError(
+                f"positive_label {self.positive_label!r} applies to file sources (--data "
+                "medmnist:PATH or csv:PATH); the synthetic federation's positives are its findings"
+            )
         parse_select(self.select or "best_val")
         if self.augment is not None:
             _choice("augment", self.augment, list(AUGMENTATIONS))
         if self.tta is not None:
             _choice("tta", self.tta, list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
+        if self.warmup_reset_head and not self.warmup_rounds:
+            raise ValueError("warmup_reset_head needs warmup_rounds ≥ 1 (a warm-up to reset after)")
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
         _at_least("rounds", self.rounds, 1)

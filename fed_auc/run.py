@@ -22,7 +22,7 @@ from fed_auc.evaluate import youden_threshold
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.export import export_model
 from fed_auc.losses import build_loss
-from fed_auc.models import DenseNetClassifier, model_from_config
+from fed_auc.models import DenseNetClassifier, group_of, model_from_config
 from fed_auc.robust import Aggregation
 from fed_auc.selection import BestModel, track_best_model
 from fed_auc.store import RoundRecord, RunStore
@@ -90,7 +90,22 @@ def warm_start(
     store.finish_run(warm_id, "completed", {"warmup_for": run_id})
     store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
     tensors = backend.global_tensors(coordinator.state)
-    return {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
+    warm = {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
+    return reset_classifier(warm, model) if config.warmup_reset_head else warm
+
+
+def reset_classifier(tensors: Tensors, model: DenseNetClassifier) -> Tensors:
+    """``tensors`` with the classifier (output layer) set back to ``model``'s initial values.
+
+    LibAUC's two-stage recipe drops the cross-entropy head before its AUC phase: a head fitted
+    to CE saturates the sigmoid scores that the AUC-margin loss then has to move."""
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = dict(tensors)
+    for name in tensors:
+        key = name.split("/", 1)[1]
+        if group_of(key) == "classifier":
+            out[name] = initial[key]
+    return out
 
 
 def start_coordinator(

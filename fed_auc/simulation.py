@@ -82,6 +82,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         uncertain=config.uncertain,
         frontal_only=config.frontal_only,
         skip_bad_images=config.skip_bad_images,
+        positive_label=config.positive_label,
     )
     budgets = config.memory_budgets()
     return [InProcessSite(s, i, b) for i, (s, b) in enumerate(zip(sites, budgets, strict=True))], (

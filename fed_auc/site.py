@@ -15,6 +15,7 @@ uncertain = "zeros"             # CheXpert -1 labels: zeros, ones or ignore
 frontal_only = false
 skip_bad_images = false
 split_seed = 0                  # seeds the patient-disjoint split when there is no split column
+positive_label = 0              # optional: the file's label value that is positive (default 1)
 
 [node]
 state_dir = "nodes/north"       # local state per run; relative to this file
@@ -39,12 +40,15 @@ from typing import Any
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
+from fed_auc.data.labels import validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.partial import parse_budget
 from fed_auc.tta import TTA_MODES
 
-DATA_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed")
+DATA_KEYS = (
+    "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
+)  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta",
 )  # fmt: skip
@@ -249,6 +253,10 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
             f"{path}: [data] uncertain = {table['uncertain']!r}: must be one of "
             f"{list(UNCERTAIN_POLICIES)}"
         )
+    try:
+        validate_positive_label(table.get("positive_label"), "[data] positive_label")
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     seed = table.get("split_seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{path}: [data] split_seed = {seed!r}: must be an integer ≥ 0")

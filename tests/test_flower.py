@@ -358,6 +358,7 @@ SIMULATED_LINES = {
     "site_memory": "site_memory = [0.5, 1.0]",
     "site_local_steps": "site_local_steps = [2, 3]",
     "site_files": "site_files = ['a.toml']",
+    "positive_label": "positive_label = 0",
 }
 
 

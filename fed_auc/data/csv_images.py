@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
 from fed_auc.data.pool import SPLITS, ImagePool, resize
 
 CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
@@ -42,11 +43,15 @@ def load_csv_images(
     frontal_only: bool = False,
     skip_bad_images: bool = False,
     site: str | None = None,
+    positive_label: int | None = None,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
     folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
-    only the rows whose site column has this value (other sites' images are never read)."""
+    only the rows whose site column has this value (other sites' images are never read).
+    `positive_label` 0: the label column's 0 is the positive class (after the uncertain
+    policy), for files that code the finding of interest as 0."""
     csv_path = Path(csv_path)
+    positive_label = validate_positive_label(positive_label)
     if uncertain not in UNCERTAIN_POLICIES:
         raise ValueError(
             f"uncertain policy must be one of {list(UNCERTAIN_POLICIES)}, got {uncertain!r}"
@@ -84,6 +89,7 @@ def load_csv_images(
     if len(table) == 0:
         raise ValueError(f"{csv_path}: no rows to read")
     labels = np.stack([_label_column(csv_path, table, c, uncertain) for c in label_columns], 1)
+    labels = select_positive(labels, positive_label, str(csv_path), allowed={0, 1})
     root = Path(root) if root is not None else csv_path.parent
     images, keep, skipped = [], [], []
     for i, (line, rel) in enumerate(zip(table["_line"], table[image_column], strict=True)):
@@ -116,6 +122,7 @@ def load_csv_images(
             "frontal_only": frontal_only,
             "skipped_images": len(skipped),
             "skipped_examples": skipped[:10],
+            **({} if positive_label is None else {"positive_label": positive_note(positive_label)}),
         },
     )
 

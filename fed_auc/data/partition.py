@@ -109,6 +109,7 @@ def partition_pool(
             entry["train"], entry["removed"] = _impose_ratio(
                 entry["train"], positive, values[s], rng
             )
+            entry["imratio"] = values[s]
         if feature_shift > 0:
             entry["feature_shift"] = {
                 "contrast": float(np.exp(feature_shift * rng.standard_normal())),
@@ -180,6 +181,7 @@ def sites_from_manifest(pool: ImagePool, manifest: dict[str, Any]) -> list[SiteD
             "patients": entry.get("patients"),
             "feature_shift": shift,
             "removed_for_imratio": len(entry.get("removed", [])),
+            **({"imratio": entry["imratio"]} if "imratio" in entry else {}),
             **{k: v for k, v in pool.meta.items() if k != "file"},
         }
         out.append(SiteData(name, label_names=list(pool.label_names), meta=meta, **splits))

@@ -53,13 +53,15 @@ def load_pool(
     frontal_only: bool = False,
     skip_bad_images: bool = False,
     site: str | None = None,
+    positive_label: int | None = None,
 ) -> ImagePool:
     """Read a file source (not synthetic) into one pool of images resized to `image_size`;
-    `site` (CSV only): just the rows of that site."""
+    `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
+    the positive class (fed_auc.data.labels)."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
-        return load_medmnist(spec.path, image_size)
+        return load_medmnist(spec.path, image_size, positive_label)
     if spec.kind == "csv":
         from fed_auc.data.csv_images import load_csv_images
 
@@ -71,6 +73,7 @@ def load_pool(
             frontal_only=frontal_only,
             skip_bad_images=skip_bad_images,
             site=site,
+            positive_label=positive_label,
         )
     raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
 
@@ -87,10 +90,16 @@ def load_sites(
     uncertain: str = "zeros",
     frontal_only: bool = False,
     skip_bad_images: bool = False,
+    positive_label: int | None = None,
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
     the fixed hospital profiles)."""
     spec = parse_data_spec(data)
+    if spec.kind == "synthetic" and positive_label is not None:
+        raise ValueError(
+            f"positive_label {positive_label!r} applies to file sources; the synthetic "
+            "federation's positives are its findings"
+        )
     if spec.kind == "synthetic":
         from fed_auc.data.synthetic import make_synthetic_federation
 
@@ -108,13 +117,17 @@ def load_sites(
         return federation, None
     from fed_auc.data.partition import partition_pool
 
-    pool = load_pool(spec, image_size, uncertain, frontal_only, skip_bad_images)
+    pool = load_pool(
+        spec, image_size, uncertain, frontal_only, skip_bad_images, positive_label=positive_label
+    )
     return partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
     )
 
 
-SITE_KEYS = ("spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed")
+SITE_KEYS = (
+    "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
+)  # fmt: skip
 
 
 def site_from_config(
@@ -123,9 +136,9 @@ def site_from_config(
     """A node's own data from the ``[data]`` table of its site TOML.
 
     ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
-    has that value; ``uncertain``, ``frontal_only`` and ``skip_bad_images`` as for
-    ``--data``. Without a split column the rows are split 70/10/20 by patient, seeded by
-    ``split_seed`` (default ``seed``).
+    has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images`` and
+    ``positive_label`` as for ``--data``. Without a split column the rows are split 70/10/20
+    by patient, seeded by ``split_seed`` (default ``seed``).
     """
     unknown = sorted(set(table) - set(SITE_KEYS))
     if unknown or "spec" not in table:
@@ -143,6 +156,7 @@ def site_from_config(
         frontal_only=bool(table.get("frontal_only", False)),
         skip_bad_images=bool(table.get("skip_bad_images", False)),
         site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
+        positive_label=table.get("positive_label"),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:
