@@ -25,7 +25,9 @@ from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
-from fed_auc.operating_point import default_edges, figures, score_bins
+from fed_auc.operating_point import ScoreBins, default_edges, figures, reliability, score_bins
+from fed_auc.pooled_auc import pooled_from_bins
+from fed_auc.roc import roc_points
 from fed_auc.tta import check_tta, predict
 
 POOLED = "pooled"
@@ -112,12 +114,16 @@ def label_result(
     if threshold < 1.0:  # "score ≥ 1" is no operating point the bins can resolve
         clinical = figures(bins, threshold)
         out.update({k: v for k, v in clinical.items() if k not in out})
+    out["calibration"] = [
+        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
+         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
+        for c in reliability(bins)
+    ]  # fmt: skip
     out["bins"] = bins.to_dict()
     if result.auc is not None:
         out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)
-        fpr, tpr, cut = roc_curve(y, s)
-        cut[0] = min(cut[0], 1.0)  # sklearn's first threshold is +inf: no JSON for that
-        out["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "threshold": cut.tolist()}
+        points = roc_points(y.astype(float), s)  # ≤ 101 points: what a node may send
+        out["roc"] = {"fpr": points["fpr"], "tpr": points["tpr"], "threshold": points["thresholds"]}
     return out
 
 
@@ -156,18 +162,42 @@ def evaluate_model(
             label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)
             for j, label in enumerate(names)
         }
-    results["worst_site_auc"] = {}
+    if len(sites) > 1:  # what a federation reports without pooling scores, for comparison
+        results["pooled_from_bins"] = pooled_binned(results["sites"], names, n_boot, seed)
+    results["worst_site_auc"] = worst_site_auc(results["sites"], names)
+    return results
+
+
+def pooled_binned(
+    per_site: dict[str, Any], names: list[str], n_boot: int, seed: int
+) -> dict[str, Any]:
+    """Per label, the AUC of the sites' added-up score counts with its count-bootstrap CI and
+    the binning's worst-case error (``fed_auc.pooled_auc``)."""
+    out = {}
+    for label in names:
+        parts = {
+            site: ScoreBins.from_dict(r[label]["bins"], f"site {site} label {label}")
+            for site, r in per_site.items()
+            if site != POOLED
+        }
+        out[label] = pooled_from_bins(parts, n_boot, seed)[1]
+    return out
+
+
+def worst_site_auc(per_site: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Per label, the site with the lowest defined AUC (the pooled entry excluded)."""
+    worst_of = {}
     for label in names:
         defined = {
             site: r[label]["auc"]
-            for site, r in results["sites"].items()
+            for site, r in per_site.items()
             if site != POOLED and r[label]["auc"] is not None
         }
         worst = min(defined, key=defined.get) if defined else None
-        results["worst_site_auc"][label] = (
+        worst_of[label] = (
             {"site": worst, "auc": defined[worst]} if worst else {"site": None, "auc": None}
         )
-    return results
+    return worst_of
 
 
 def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, Split]:
@@ -183,7 +213,11 @@ def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, S
 def results_table(results: dict[str, Any]) -> pd.DataFrame:
     """One row per site and label (no ROC points)."""
     rows = [
-        {"site": site, "label": label, **{k: v for k, v in r.items() if k not in ("roc", "bins")}}
+        {
+            "site": site,
+            "label": label,
+            **{k: v for k, v in r.items() if k not in ("roc", "bins", "calibration")},
+        }
         for site, labels in results["sites"].items()
         for label, r in labels.items()
     ]
