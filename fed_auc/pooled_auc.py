@@ -42,7 +42,7 @@ def _occupied(bins: ScoreBins) -> tuple[np.ndarray, np.ndarray]:
     return bins.positives[keep], bins.negatives[keep]
 
 
-def _aucs(positives: np.ndarray, negatives: np.ndarray) -> np.ndarray:
+def binned_aucs(positives: np.ndarray, negatives: np.ndarray) -> np.ndarray:
     """Binned AUC of each row of (R, B) count matrices; NaN where a row lacks a class."""
     below = np.cumsum(negatives, axis=1) - negatives
     wins = np.sum(positives * (below + 0.5 * negatives), axis=1)
@@ -65,7 +65,7 @@ def bootstrap_bins_ci(
     values = []
     for start in range(0, n_boot, BOOTSTRAP_CHUNK):
         draws = rng.multinomial(n, cells / n, size=min(BOOTSTRAP_CHUNK, n_boot - start))
-        values.append(_aucs(draws[:, : len(pos)], draws[:, len(pos) :]))
+        values.append(binned_aucs(draws[:, : len(pos)], draws[:, len(pos) :]))
     aucs = np.concatenate(values)
     aucs = aucs[~np.isnan(aucs)]
     if aucs.size == 0:

@@ -94,3 +94,16 @@ def test_roc_from_bins_has_at_most_101_points_and_matches_the_pooled_counts():
     assert roc["fpr"][0] == 0 and roc["tpr"][0] == 0 and roc["fpr"][-1] == roc["tpr"][-1] == 1
     assert np.all(np.diff(roc["fpr"]) >= 0) and np.all(np.diff(roc["tpr"]) >= 0)
     assert np.trapezoid(roc["tpr"], roc["fpr"]) == pytest.approx(auc_from_bins(bins), abs=0.01)
+
+
+def test_the_node_bootstrap_scores_each_resample_as_sklearn_does():
+    """The vectorized resample AUCs equal roc_auc_score on the same resamples (ties included)."""
+    rng = np.random.default_rng(9)
+    y = (rng.random(120) < 0.3).astype(int)
+    s = np.round(rng.random(120) * 0.5 + 0.3 * y, 2)  # many exact ties
+    lo, hi = bootstrap_ci(y, s, 150, seed=11)
+    draws = np.random.default_rng(11).integers(0, 120, (150, 120))
+    reference = [roc_auc_score(y[i], s[i]) for i in draws if 0 < y[i].sum() < 120]
+    assert (lo, hi) == pytest.approx(
+        (np.percentile(reference, 2.5), np.percentile(reference, 97.5)), abs=1e-12
+    )
