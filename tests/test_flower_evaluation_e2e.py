@@ -130,7 +130,7 @@ def test_a_node_killed_mid_evaluation_is_recorded_and_the_others_report(federati
     model = next((root / "sim").glob("*/model/model.pt"))
     # A bootstrap large enough that the nodes are still computing when one is killed.
     process = _fed_auc(root, "killed.log", "evaluate", "--model", str(model), "--federation",
-                       "federation.toml", "--bootstrap", "2000000", "--out", "killed")  # fmt: skip
+                       "federation.toml", "--bootstrap", "1000000", "--out", "killed")  # fmt: skip
     deadline = time.monotonic() + 300
     while "asking each for its report" not in (root / "killed.log").read_text():
         assert process.poll() is None and time.monotonic() < deadline

@@ -22,8 +22,10 @@ from fed_auc.transport.flower.server import FlowerSettings, FlowerTransport
 
 def job_config(config: ExperimentConfig, card: dict[str, Any]) -> ExperimentConfig:
     """The experiment with the card's image size and seed: the nodes then load and split their
-    data exactly as they did for the training run."""
-    return dataclasses.replace(config, image_size=card["image_size"], seed=card["seed"])
+    data exactly as they did for the training run. (Scoring uses the card's TTA, so the
+    data-kind defaults, which concern training, are settled as for image files.)"""
+    config = dataclasses.replace(config, image_size=card["image_size"], seed=card["seed"])
+    return config.with_data_kind(False)
 
 
 def run_evaluation(
