@@ -9,16 +9,14 @@ import streamlit as st
 from app import common
 from app.clinical import operating_table, readable
 from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
-from app.queries import RunData
 
 COLOURS = alt.Scale(
     domain=["trained on", "held out", "pooled"], range=["#4c78a8", "#e45756", "#333333"]
 )
 
 
-def body(data: RunData) -> None:
+def body(run_id: str) -> None:
     st.title("Evaluations")
-    run_id = data.run["id"]
     table = jobs(common.runs_dir(), run_id)
     if table.empty:
         st.info(
@@ -77,4 +75,15 @@ def body(data: RunData) -> None:
         st.dataframe(readable(operating_table(bins, threshold)), hide_index=True, width="stretch")
 
 
-common.page(body)
+def main() -> None:
+    """The picked run's jobs; an evaluation-only run has no rounds, so the page does not wait
+    for one as the training pages do."""
+    runs = common.load_runs()
+    if runs is None or runs.empty:
+        st.title("Evaluations")
+        st.info(f"No runs in `{common.runs_dir()}` yet.")
+        return
+    body(st.session_state.get(common.RUN_KEY) or runs["id"].iloc[0])
+
+
+main()
