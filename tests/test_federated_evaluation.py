@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from fed_auc.cli import main
+from fed_auc.coordinator import FederationError
 from fed_auc.data.base import SiteData, Split
 from fed_auc.evaluate import POOLED, evaluate_model, load_registered_model
 from fed_auc.evaluation_job import model_request, record_and_write, run_job
 from fed_auc.experiment import ExperimentConfig
+from fed_auc.holdout import TrainingSites
 from fed_auc.node import Node
 from fed_auc.node_setup import build_node
 from fed_auc.simulation import load_in_process_sites, run_simulation
@@ -174,3 +176,39 @@ def test_local_evaluate_on_site_files_marks_sites_the_model_never_saw(held_out_r
     north = results["sites"]["north"][label]
     assert north["n"] == 40 and north["calibration"] and len(north["roc"]["fpr"]) <= 101
     assert sum(c["n"] for c in north["calibration"]) == 40
+
+
+def test_the_validation_split_is_scored_and_written_beside_the_test_split(held_out_run, tmp_path):
+    summary, _, _, config = held_out_run
+    sites = _sites(config)
+    request, tensors, card = model_request(summary["model_path"], ["test", "val"], 20, 0)
+    nodes = _nodes(config, sites, tmp_path / "nodes")
+    results = run_job(LocalTransport(nodes), [s.name for s in sites], request, tensors, [])
+    label = card["label_names"][0]
+    for site in sites:
+        assert results["val"]["sites"][site.name][label]["n"] == len(site.val)
+        assert results["test"]["sites"][site.name][label]["n"] == len(site.test)
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run("evaluate", {}, None)
+        written = record_and_write(store, run_id, results, "m", card, "local", tmp_path / "out")
+        assert set(store.evaluations()["split"]) == {"test", "val"}
+    assert Path(written["files"]["val"]["json"]) == tmp_path / "out" / "val" / "evaluation.json"
+    assert (tmp_path / "out" / "evaluation.csv").is_file()
+
+
+def test_a_training_request_to_a_held_out_site_is_refused_before_it_leaves():
+    class Everyone:
+        sites = ["a", "b"]
+
+        def register(self):
+            return {"a": {}, "b": {}}
+
+        def train(self, requests):
+            raise AssertionError("must not be reached")
+
+    training = TrainingSites(Everyone(), ["b"])
+    assert list(training.register()) == ["a"] and training.sites == ["a"]
+    with pytest.raises(FederationError, match=r"held-out site\(s\) \['b'\]"):
+        training.train({"a": None, "b": None})
+    with pytest.raises(ValueError, match="leaves no site to train on"):
+        TrainingSites(Everyone(), ["a", "b"]).register()
