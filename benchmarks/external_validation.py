@@ -43,7 +43,7 @@ FEDERATIONS = {
         "sites": 4,
         "feature_shift": 0.2,  # per-site contrast/brightness: sites differ as scanners do
         "warmup_rounds": 5,
-        "rounds": 30,
+        "rounds": 20,
         "lr": 0.2,
     },
 }
