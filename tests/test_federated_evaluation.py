@@ -212,3 +212,23 @@ def test_a_training_request_to_a_held_out_site_is_refused_before_it_leaves():
         training.train({"a": None, "b": None})
     with pytest.raises(ValueError, match="leaves no site to train on"):
         TrainingSites(Everyone(), ["a", "b"]).register()
+
+
+def test_leave_each_out_sets_each_sites_held_out_auc_beside_its_in_federation_auc(tmp_path, capsys):
+    config = tmp_path / "small.toml"
+    config.write_text("data_scale = 0.3\n")
+    options = ["--sites", "2", "--rounds", "1", "--local-steps", "2", "--batch-size", "16"]
+    main(["simulate", "--config", str(config), *options, "--runs-dir", str(tmp_path),
+          "--leave-each-out", "--json"])  # fmt: skip
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and len({r["in_federation_run"] for r in rows}) == 1
+    with RunStore(tmp_path) as store:
+        for row in rows:
+            held = store.evaluation_sites(row["held_out_run"]).set_index("site")
+            assert held.loc[row["site"], "held_out"] == 1
+            assert held.loc[row["site"], "labels"] is not None
+            assert json.loads(held.loc[row["site"], "labels"])["finding"]["auc"] == pytest.approx(
+                row["held_out_auc"][0]
+            )
+            inside = store.evaluation_sites(row["in_federation_run"]).set_index("site")
+            assert inside["held_out"].eq(0).all()
