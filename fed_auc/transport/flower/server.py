@@ -181,7 +181,10 @@ class FlowerTransport:
         memo: dict[int, str] = {}
         frames = {s: tensor_frame(header, tensors, self.held.get(s, []), memo) for s in sites}
         answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
-        return {s: a if isinstance(a, NodeFailure) else a[0]["report"] for s, a in answers.items()}
+        return {
+            s: a if isinstance(a, NodeFailure) else _decode(s, lambda frame: frame[0]["report"], a)
+            for s, a in answers.items()
+        }
 
     # -- messaging ------------------------------------------------------------------------
     def _ask(
