@@ -91,6 +91,9 @@ def current_run() -> RunData:
     data = load_run(run_id)
     status_banner(data)
     synthetic_badge(data)
+    if data.rounds.empty and data.run["algorithm"] == "evaluate":
+        st.info("This run is an evaluation job (no training round): see the Evaluations page.")
+        st.stop()
     if data.rounds.empty:
         st.info("No round recorded yet: the run has started, its first evaluation is pending.")
         st.stop()

@@ -23,6 +23,7 @@ PAGES = [
     st.Page("views/compare.py", title="Compare"),
     st.Page("views/roc.py", title="ROC"),
     st.Page("views/operating_point.py", title="Operating point"),
+    st.Page("views/evaluations.py", title="Evaluations"),
 ]
 page = st.navigation(PAGES)
 common.run_picker()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fed_auc import evaluation_cli
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.threads import apply_threads, parse_threads
 from fed_auc.transport.flower import cli as flower_cli
@@ -148,6 +149,19 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "the K best (best_val:K) or last (last:K) rounds (default: best_val:5 for image "
         "files, best_val for synthetic)",
     )
+    p.add_argument(
+        "--hold-out",
+        action="append",
+        metavar="SITE",
+        help="external validation: train without this site (repeatable), then score the "
+        "exported model at every site",
+    )
+    p.add_argument(
+        "--leave-each-out",
+        action="store_true",
+        help="one training per site without it, plus one with all: each site's held-out AUC "
+        "beside its in-federation AUC",
+    )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
@@ -214,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (1000)")
     ev.add_argument("--tta", help="test-time augmentation: none or flip (default: the card's)")
     ev.add_argument("--out", required=True, type=Path, help="folder for JSON, CSV, ROC PNG")
+    evaluation_cli.add_arguments(ev)
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
@@ -486,6 +501,14 @@ def write_data_cards(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
+    if args.site_files and args.federation:
+        raise SystemExit("fed-auc evaluate: give --site files (local) or --federation, not both")
+    if args.federation is not None:
+        evaluation_cli.evaluate_federation(args)
+        return
+    if args.site_files:
+        evaluation_cli.evaluate_site_files(args)
+        return
     from fed_auc.data.spec import load_pool, load_sites, parse_data_spec
     from fed_auc.evaluate import evaluate_model, load_registered_model, site_splits, write_results
 
@@ -553,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_threads(args.threads)
     if args.command == "simulate" and args.resume is not None:
         simulate(None, args.json, resume=(_resume_runs_dir(args), args.resume))
+    elif args.command == "simulate" and args.leave_each_out:
+        evaluation_cli.leave_each_out(config_from_args(args), args.json)
     elif args.command == "simulate":
         simulate(config_from_args(args), args.json, args.register, args.models_dir)
     elif args.command == "demo":

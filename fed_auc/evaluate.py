@@ -18,17 +18,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.metrics import roc_curve
 
 from fed_auc.data.base import SiteData, Split
 from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
-from fed_auc.operating_point import default_edges, figures, score_bins
+from fed_auc.operating_point import ScoreBins, default_edges, figures, reliability, score_bins
+from fed_auc.pooled_auc import binned_aucs, pooled_from_bins
+from fed_auc.roc import roc_points
 from fed_auc.tta import check_tta, predict
 
 POOLED = "pooled"
+BOOTSTRAP_CHUNK = 200  # resamples scored at once (memory: 200 × n counts)
 
 
 def youden_threshold(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -71,20 +74,30 @@ def load_registered_model(path: str | Path) -> tuple[DenseNetClassifier, dict[st
 def bootstrap_ci(
     labels: np.ndarray, scores: np.ndarray, n_boot: int, seed: int = 0, level: float = 0.95
 ) -> tuple[float | None, float | None]:
-    """Percentile bootstrap CI of the AUC (resamples with one class are skipped)."""
+    """Percentile bootstrap CI of the AUC (resamples with one class are skipped).
+
+    Each resample's AUC is the Mann–Whitney count over the distinct scores (ties count ½, as
+    in sklearn's ``roc_auc_score``), for ``BOOTSTRAP_CHUNK`` resamples at once: a node's
+    bootstrap costs milliseconds, not one sklearn call per resample."""
     if n_boot <= 0:
         return None, None
+    labels = np.asarray(labels).astype(int)
+    _, tie = np.unique(np.asarray(scores), return_inverse=True)
+    n, distinct = len(labels), int(tie.max()) + 1 if len(labels) else 0
     rng = np.random.default_rng(seed)
     values = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(labels), len(labels))
-        y = labels[idx]
-        if 0 < y.sum() < len(y):
-            values.append(roc_auc_score(y, scores[idx]))
-    if not values:
+    for start in range(0, n_boot, BOOTSTRAP_CHUNK):
+        k = min(BOOTSTRAP_CHUNK, n_boot - start)
+        idx = rng.integers(0, n, (k, n))
+        cells = tie[idx] + distinct * labels[idx] + 2 * distinct * np.arange(k)[:, None]
+        counts = np.bincount(cells.ravel(), minlength=2 * distinct * k).reshape(k, 2, distinct)
+        values.append(binned_aucs(counts[:, 1].astype(float), counts[:, 0].astype(float)))
+    aucs = np.concatenate(values)
+    aucs = aucs[~np.isnan(aucs)]
+    if aucs.size == 0:
         return None, None
     tail = (1 - level) / 2 * 100
-    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
+    return float(np.percentile(aucs, tail)), float(np.percentile(aucs, 100 - tail))
 
 
 def label_result(
@@ -112,12 +125,16 @@ def label_result(
     if threshold < 1.0:  # "score ≥ 1" is no operating point the bins can resolve
         clinical = figures(bins, threshold)
         out.update({k: v for k, v in clinical.items() if k not in out})
+    out["calibration"] = [
+        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
+         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
+        for c in reliability(bins)
+    ]  # fmt: skip
     out["bins"] = bins.to_dict()
     if result.auc is not None:
         out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)
-        fpr, tpr, cut = roc_curve(y, s)
-        cut[0] = min(cut[0], 1.0)  # sklearn's first threshold is +inf: no JSON for that
-        out["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "threshold": cut.tolist()}
+        points = roc_points(y.astype(float), s)  # ≤ 101 points: what a node may send
+        out["roc"] = {"fpr": points["fpr"], "tpr": points["tpr"], "threshold": points["thresholds"]}
     return out
 
 
@@ -156,18 +173,42 @@ def evaluate_model(
             label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)
             for j, label in enumerate(names)
         }
-    results["worst_site_auc"] = {}
+    if len(sites) > 1:  # what a federation reports without pooling scores, for comparison
+        results["pooled_from_bins"] = pooled_binned(results["sites"], names, n_boot, seed)
+    results["worst_site_auc"] = worst_site_auc(results["sites"], names)
+    return results
+
+
+def pooled_binned(
+    per_site: dict[str, Any], names: list[str], n_boot: int, seed: int
+) -> dict[str, Any]:
+    """Per label, the AUC of the sites' added-up score counts with its count-bootstrap CI and
+    the binning's worst-case error (``fed_auc.pooled_auc``)."""
+    out = {}
+    for label in names:
+        parts = {
+            site: ScoreBins.from_dict(r[label]["bins"], f"site {site} label {label}")
+            for site, r in per_site.items()
+            if site != POOLED
+        }
+        out[label] = pooled_from_bins(parts, n_boot, seed)[1]
+    return out
+
+
+def worst_site_auc(per_site: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Per label, the site with the lowest defined AUC (the pooled entry excluded)."""
+    worst_of = {}
     for label in names:
         defined = {
             site: r[label]["auc"]
-            for site, r in results["sites"].items()
+            for site, r in per_site.items()
             if site != POOLED and r[label]["auc"] is not None
         }
         worst = min(defined, key=defined.get) if defined else None
-        results["worst_site_auc"][label] = (
+        worst_of[label] = (
             {"site": worst, "auc": defined[worst]} if worst else {"site": None, "auc": None}
         )
-    return results
+    return worst_of
 
 
 def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, Split]:
@@ -183,7 +224,11 @@ def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, S
 def results_table(results: dict[str, Any]) -> pd.DataFrame:
     """One row per site and label (no ROC points)."""
     rows = [
-        {"site": site, "label": label, **{k: v for k, v in r.items() if k not in ("roc", "bins")}}
+        {
+            "site": site,
+            "label": label,
+            **{k: v for k, v in r.items() if k not in ("roc", "bins", "calibration")},
+        }
         for site, labels in results["sites"].items()
         for label, r in labels.items()
     ]

@@ -143,6 +143,9 @@ class ExperimentConfig:
     personalize: str | None = None
     personal_lambda: float = 1.0
     personal_lr_ratio: float | None = None
+    # External validation (fed_auc.holdout): these sites never train; after training the
+    # exported model is scored at every site. [] scores it everywhere with none held out.
+    hold_out: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.loss is None:

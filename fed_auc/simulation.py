@@ -19,6 +19,7 @@ from fed_auc.data.base import SiteData, common_label_count
 from fed_auc.data.cards import data_card, site_summary
 from fed_auc.data.spec import load_sites
 from fed_auc.experiment import ExperimentConfig, recorded_config
+from fed_auc.holdout import check_hold_out, evaluate_export
 from fed_auc.io import save_json
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, model_from_config
@@ -51,6 +52,7 @@ class Federation:
     run_id: str
     run_dir: Path
     model_config: dict[str, Any]
+    every_site: LocalTransport | None = None  # with hold_out: all sites, for the evaluation
 
 
 @dataclass
@@ -102,7 +104,10 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     """The sites, one in-process node each, a coordinator (after the optional warm-up), and a
     run in the store: a new one, or the existing ``run_id``, resumed from its last round."""
     torch.manual_seed(config.seed)
-    sites, manifest = load_in_process_sites(config)
+    everyone, manifest = load_in_process_sites(config)
+    held_out = config.hold_out or []
+    check_hold_out(held_out, [s.data.name for s in everyone])
+    sites = [s for s in everyone if s.data.name not in held_out]  # the ones that train
     data = [site.data for site in sites]
     num_labels = common_label_count({s.name: s.label_names for s in data})
     model = build_model(config.model, num_labels=num_labels)
@@ -142,7 +147,12 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     if not resuming:
         store.record_sites(run_id, {s.name: site_summary(s) for s in data})
         store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
-    return Federation(config, data, coordinator, store, run_id, run_dir, model.config())
+        if held_out:
+            store.add_event(run_id, f"held out of training: {held_out}")
+    every_site = None
+    if config.hold_out is not None:
+        every_site = LocalTransport(_nodes(setup, everyone, run_dir / "evaluation_nodes"))
+    return Federation(config, data, coordinator, store, run_id, run_dir, model.config(), every_site)
 
 
 def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[Node]:
@@ -209,6 +219,11 @@ def rounds_left(runs_dir: str | Path, run_id: str) -> int:
 
 def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:
     cards = [data_card(site) for site in fed.sites]
-    return train_and_close(
+    summary = train_and_close(
         fed.config, fed.coordinator, fed.run_dir, fed.model_config, cards, on_round
     )
+    if fed.every_site is not None:
+        summary["evaluation"] = evaluate_export(
+            fed.every_site, fed.config.runs_dir, fed.run_id, summary["model_path"], "local"
+        )
+    return summary

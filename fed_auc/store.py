@@ -92,6 +92,30 @@ CREATE TABLE IF NOT EXISTS model_evaluations (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (run_id, model, split, site)
 );
+CREATE TABLE IF NOT EXISTS evaluations (
+    run_id TEXT NOT NULL REFERENCES runs(id), -- the run that scored it: an evaluation-only run,
+                                      -- or a hold-out training run scoring its export
+    split TEXT NOT NULL,
+    model TEXT NOT NULL,              -- the model scored (path of its model.pt or folder)
+    model_run_id TEXT,                -- the run that trained it (its model card's run_id)
+    transport TEXT NOT NULL,          -- local (in-process) or flower
+    label_names TEXT NOT NULL,        -- JSON list
+    held_out TEXT NOT NULL,           -- JSON list: sites the model was not trained on
+    pooled TEXT,                      -- JSON per label: AUC from binned counts, CI, error bound
+    failures TEXT NOT NULL,           -- JSON: site → why it did not report
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (run_id, split)
+);
+CREATE TABLE IF NOT EXISTS evaluation_sites (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    split TEXT NOT NULL,
+    site TEXT NOT NULL,
+    held_out INTEGER NOT NULL,        -- 1: the model was not trained on this site
+    status TEXT NOT NULL,             -- reported / error / dropped
+    reason TEXT,                      -- why it did not report
+    labels TEXT,                      -- JSON per label: what fed_auc.evaluate.label_result gives
+    PRIMARY KEY (run_id, split, site)
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -253,6 +277,37 @@ class RunStore:
                 [(run_id, model, split, site, json.dumps(v), now) for site, v in sites.items()],
             )
 
+    def record_evaluation(self, run_id: str, split: str, result: Mapping[str, Any]) -> None:
+        """A federated evaluation of one split (``fed_auc.evaluation_job.combine``): the job's
+        row and one row per site, failures included, in one transaction."""
+        held = set(result["held_out"])
+        sites = {s: r for s, r in result["sites"].items() if s != "pooled"}
+        pooled = result["sites"].get("pooled")
+        row = (
+            run_id, split, result["model"], result.get("model_run_id"), result["transport"],
+            json.dumps(result["label_names"]), json.dumps(sorted(held)),
+            None if pooled is None else json.dumps(pooled), json.dumps(result["failures"]),
+            time.time(),
+        )  # fmt: skip
+        site_rows = [
+            (run_id, split, site, int(site in held), "reported", None, json.dumps(labels))
+            for site, labels in sites.items()
+        ]
+        site_rows += [
+            (run_id, split, site, int(site in held), reason.split(":")[0], reason, None)
+            for site, reason in result["failures"].items()
+        ]
+        with self._transaction():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO evaluations VALUES (?,?,?,?,?,?,?,?,?,?)", row
+            )
+            self._conn.execute(
+                "DELETE FROM evaluation_sites WHERE run_id = ? AND split = ?", (run_id, split)
+            )
+            self._conn.executemany(
+                "INSERT INTO evaluation_sites VALUES (?, ?, ?, ?, ?, ?, ?)", site_rows
+            )
+
     def add_event(
         self,
         run_id: str,
@@ -307,6 +362,16 @@ class RunStore:
         return self._frame(
             "SELECT * FROM model_evaluations WHERE run_id = ? ORDER BY model, split, site",
             (run_id,),
+        )
+
+    def evaluations(self) -> pd.DataFrame:
+        """Every recorded evaluation job (one row per run and split), newest first."""
+        return self._frame("SELECT * FROM evaluations ORDER BY recorded_at DESC")
+
+    def evaluation_sites(self, run_id: str, split: str = "test") -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM evaluation_sites WHERE run_id = ? AND split = ? ORDER BY site",
+            (run_id, split),
         )
 
     def events(self, run_id: str) -> pd.DataFrame:

@@ -117,8 +117,10 @@ class FlowerLikeTransport:
             for site, b in requests.items()
         }
 
-    def evaluate(self, sites, tensors, pooled=True):
+    def evaluate(self, sites, tensors, pooled=True, thresholds=None):
         header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
+        if thresholds is not None:  # as FlowerTransport.evaluate: bins around the threshold
+            header["thresholds"] = list(thresholds)
         memo: dict[int, str] = {}
         return {
             site: self._decode(

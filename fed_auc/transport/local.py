@@ -48,6 +48,14 @@ class LocalTransport:
 
         return {site: self._call(site, ask) for site in sites}
 
+    def report(
+        self, sites: Sequence[str], request: Any, tensors: Tensors
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """The evaluation job (``fed_auc.evaluation_job``): each site scores the model."""
+        from fed_auc.evaluation_job import site_report
+
+        return {s: self._call(s, lambda n: site_report(n.site, request, tensors)) for s in sites}
+
     def _call(self, site: str, request):
         try:
             return request(self.nodes[site])

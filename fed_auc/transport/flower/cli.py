@@ -26,6 +26,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="override [flower] address, HOST:PORT the SuperLink listens on "
         "(0.0.0.0:9092 to accept nodes from other machines)",
     )
+    c.add_argument(
+        "--hold-out",
+        action="append",
+        metavar="SITE",
+        help="external validation: train without this site (repeatable); it joins, never "
+        "trains, and the exported model is scored at every site",
+    )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
     n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
@@ -129,7 +136,8 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
         experiment = load_resumed(Path(args.runs_dir or "runs"), args.resume)
     else:
-        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address}
+        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address,
+                     "hold_out": args.hold_out}  # fmt: skip
         experiment = load_experiment(args.config, overrides)
     work_dir = Path(experiment["experiment"]["runs_dir"]) / "flower"
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print

@@ -23,6 +23,7 @@ from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
 from fed_auc.experiment import ExperimentConfig
+from fed_auc.holdout import TrainingSites, evaluate_export
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node import Evaluation
@@ -171,6 +172,20 @@ class FlowerTransport:
             for site, a in answers.items()
         }
 
+    def report(
+        self, sites: Sequence[str], request: Any, tensors: Tensors
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """The evaluation job (``fed_auc.evaluation_job``): each node scores the model on its
+        own splits and answers JSON only; deadline ``eval_timeout_s``."""
+        header = {"kind": "report", "setup": self.setup, "request": request.to_dict()}
+        memo: dict[int, str] = {}
+        frames = {s: tensor_frame(header, tensors, self.held.get(s, []), memo) for s in sites}
+        answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
+        return {
+            s: a if isinstance(a, NodeFailure) else _decode(s, lambda frame: frame[0]["report"], a)
+            for s, a in answers.items()
+        }
+
     # -- messaging ------------------------------------------------------------------------
     def _ask(
         self, frames: Mapping[str, Frame], kind: str, timeout: float
@@ -297,7 +312,10 @@ def run_experiment(
         provisional = config.with_data_kind(True).node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
-        transport = make_transport(grid, provisional, settings, log, event)
+        everyone = make_transport(grid, provisional, settings, log, event)
+        transport = (
+            everyone if config.hold_out is None else TrainingSites(everyone, config.hold_out)
+        )
         log(f"run {run_id}: waiting for {settings.expected_sites} site(s), "
             f"at least {settings.min_nodes}")  # fmt: skip
         registrations = transport.register()
@@ -343,13 +361,13 @@ def run_experiment(
             store.reopen_run(run_id, f"run resumed over Flower after round {last}")
             log(f"run {run_id}: resumed after round {last}")
         else:
-            store.record_sites(run_id, transport.summaries)
+            store.record_sites(run_id, {s: transport.summaries[s] for s in sites})
             store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
-    cards = list(transport.summaries.values())
-    return train_and_close(
+    cards = [transport.summaries[s] for s in sites]
+    summary = train_and_close(
         config,
         coordinator,
         run_dir,
@@ -358,6 +376,12 @@ def run_experiment(
         on_round=lambda r: log(_progress(r)),
         thresholds=settings.pooled_scoring,
     )
+    if config.hold_out is not None:  # external validation: the export scored at every site
+        log(f"run {run_id}: scoring the exported model at every site")
+        summary["evaluation"] = evaluate_export(
+            everyone, config.runs_dir, run_id, summary["model_path"], "flower"
+        )
+    return summary
 
 
 def _progress(record: RoundRecord) -> str:
@@ -384,6 +408,9 @@ def main(grid: Grid, context: Context) -> None:
     backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
     path = Path(str(context.run_config["experiment-file"]))
     experiment = json.loads(path.read_text())
+    run = run_experiment
+    if "evaluation" in experiment:  # an evaluation-only run (fed-auc evaluate --federation)
+        from fed_auc.transport.flower.evaluation import run_evaluation as run
     with open(experiment["progress_file"], "a", buffering=1) as progress:
-        summary = run_experiment(grid, experiment, log=lambda line: print(line, file=progress))
+        summary = run(grid, experiment, log=lambda line: print(line, file=progress))
     Path(experiment["summary_file"]).write_text(json.dumps(summary, indent=2))

@@ -18,6 +18,7 @@ import torch
 
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_summary
+from fed_auc.evaluation_job import EvaluationRequest, site_report
 from fed_auc.metrics import mean_auc
 from fed_auc.node import Node
 from fed_auc.node_setup import NodeSetup, build_node
@@ -55,8 +56,10 @@ class NodeWorker:
         return {**answer, "cached": self._cache.tags()}, answer_buffers
 
     def _answer(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
-        node = self._node_for(header["setup"])
         kind = header["kind"]
+        if kind == "report":  # an evaluation job: the site's data, no training node needed
+            return self._report(header, buffers), []
+        node = self._node_for(header["setup"])
         if kind == "register":
             registration = {
                 **node.registration(),
@@ -100,6 +103,19 @@ class NodeWorker:
             return evaluation_frame(evaluation)
         raise ValueError(f"unknown request kind {kind!r}")
 
+    def _report(self, header: dict[str, Any], buffers: list[bytes]) -> dict[str, Any]:
+        setup = NodeSetup.from_dict(header["setup"])
+        request = EvaluationRequest.from_dict(header["request"])
+        tensors = frame_tensors((header, buffers), self._cache)
+        report = site_report(self._site_data(setup), request, tensors)
+        shown = ", ".join(
+            f"{split} AUC " + " ".join(_fmt(r["auc"]) for r in labels.values())
+            for split, labels in report["splits"].items()
+        )
+        self.echo(f"{self.site.name}: evaluation job {setup.run_id}: {shown}, "
+                  f"{report['duration_s']:.1f} s")  # fmt: skip
+        return {"site": self.site.name, "report": report}
+
     def _refuse_stale(self, node: Node, round_: int, phase: str) -> None:
         """A request that arrives after a later one (its deadline passed while Flower started
         the ClientApp) must not overwrite the later reply's pending state."""
@@ -133,3 +149,7 @@ class NodeWorker:
             data = self.site.load(setup.image_size, setup.num_labels, setup.seed, setup.data_scale)
             self._data = (key, data)
         return self._data[1]
+
+
+def _fmt(auc: float | None) -> str:
+    return "undefined" if auc is None else f"{auc:.3f}"

@@ -1,0 +1,89 @@
+"""Evaluations: a model scored at every site of a federation (fed-auc evaluate --federation, or
+a hold-out training run scoring its export): per-site AUC with the node's bootstrap 95 % CI as a
+forest plot, the pooled AUC from binned counts, held-out sites marked, sites that did not
+report, and the operating-point table at the model card's threshold. Reads the store only."""
+
+import altair as alt
+import streamlit as st
+
+from app import common
+from app.clinical import operating_table, readable
+from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
+
+COLOURS = alt.Scale(
+    domain=["trained on", "held out", "pooled"], range=["#4c78a8", "#e45756", "#333333"]
+)
+
+
+def body(run_id: str) -> None:
+    st.title("Evaluations")
+    table = jobs(common.runs_dir(), run_id)
+    if table.empty:
+        st.info(
+            "No evaluation job recorded under this run. `fed-auc evaluate --federation CONFIG` "
+            "records one as its own run; `--hold-out SITE` training runs record their export's."
+        )
+        return
+    splits = table["split"].tolist()
+    split = st.selectbox("Split", splits) if len(splits) > 1 else splits[0]
+    job = table[table["split"] == split].iloc[0]
+    names = job["label_names"]
+    label = st.selectbox("Finding", names) if len(names) > 1 else names[0]
+    sites = site_rows(common.runs_dir(), run_id, split)
+    held = job["held_out"] or []
+    st.caption(
+        f"Model {job['model']} (trained in run {job['model_run_id']}), {split} split, scored "
+        f"over {job['transport']} at {len(sites)} site(s); held out (never trained on): "
+        f"{', '.join(held) or 'none'}. CIs: percentile bootstrap on each node; pooled: from "
+        "the sites' binned score counts, its CI from resampling those counts."
+    )
+    frame = forest(job, sites, label)
+    defined = frame.dropna(subset=["auc"])
+    if not defined.empty:
+        base = alt.Chart(defined).encode(
+            y=alt.Y("site:N", sort=None, title=None),
+            color=alt.Color("kind:N", scale=COLOURS, title=None),
+        )
+        bars = base.mark_rule().encode(
+            x=alt.X("ci_lo:Q", title="AUC (95 % CI)", scale=alt.Scale(domain=[0, 1])), x2="ci_hi:Q"
+        )
+        points = base.mark_point(filled=True, size=80).encode(
+            x="auc:Q", shape=alt.Shape("kind:N", title=None),
+            tooltip=["site", "kind", "n", "positives", "auc", "ci_lo", "ci_hi", "error_bound"],
+        )  # fmt: skip
+        st.altair_chart(bars + points, width="stretch")
+    shown = frame.assign(
+        AUC=[
+            r.note if r.auc is None or r.auc != r.auc else f"{r.auc:.3f}"
+            for r in frame.itertuples()
+        ]
+    )
+    st.dataframe(shown[["site", "kind", "n", "positives", "AUC", "ci_lo", "ci_hi", "error_bound"]],
+                 hide_index=True, width="stretch")  # fmt: skip
+    missing = failures(job)
+    if not missing.empty:
+        st.warning("Sites that did not report: " + "; ".join(
+            f"{r.site} ({r.reason})" for r in missing.itertuples()))  # fmt: skip
+    bins = label_bins(job, sites, label)
+    threshold = None
+    for row in sites.itertuples():
+        if row.labels is not None:
+            threshold = row.labels[label]["threshold"]
+            break
+    if bins and threshold is not None and threshold < 1.0:
+        st.subheader(f"Operating point at the card's threshold {threshold:.3f}")
+        st.dataframe(readable(operating_table(bins, threshold)), hide_index=True, width="stretch")
+
+
+def main() -> None:
+    """The picked run's jobs; an evaluation-only run has no rounds, so the page does not wait
+    for one as the training pages do."""
+    runs = common.load_runs()
+    if runs is None or runs.empty:
+        st.title("Evaluations")
+        st.info(f"No runs in `{common.runs_dir()}` yet.")
+        return
+    body(st.session_state.get(common.RUN_KEY) or runs["id"].iloc[0])
+
+
+main()

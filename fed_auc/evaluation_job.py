@@ -1,0 +1,256 @@
+"""Batch evaluation at every site without data leaving: the federation's evaluation job.
+
+A node scores a registered model on its own splits with the card's TTA and threshold and
+answers, per label, what ``fed_auc.evaluate.label_result`` reports locally: n, positives, AUC
+with a seeded node-side bootstrap CI, ≤ 101 ROC points, the operating point at the threshold and
+at 90/95 % specificity, calibration bins and binned score counts. Nothing per image leaves it.
+The coordinator adds the pooled figures from the summed counts (``fed_auc.pooled_auc``), names
+every site that could not answer and why, writes the files local ``fed-auc evaluate`` writes,
+and records the evaluation in the store. Sites the model was not trained on (not in its card:
+held out, or external) are marked as such everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fed_auc.data.base import SiteData
+from fed_auc.evaluate import (
+    POOLED,
+    label_result,
+    load_registered_model,
+    worst_site_auc,
+    write_results,
+)
+from fed_auc.export import MODEL_FORMAT
+from fed_auc.models import model_from_config
+from fed_auc.operating_point import ScoreBins, figures, reliability
+from fed_auc.pooled_auc import check_same_edges, pooled_from_bins, roc_from_bins
+from fed_auc.store import RunStore
+from fed_auc.transport.base import NodeFailure
+from fed_auc.tta import check_tta, predict
+
+SPLITS = ("test", "val")
+REPORT = "report"  # the request kind
+
+
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """What every node needs to score the model as its card says (JSON-able)."""
+
+    model_format: str
+    model_config: dict[str, Any]
+    label_names: list[str]
+    thresholds: list[float]
+    tta: str
+    splits: list[str]
+    bootstrap: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EvaluationRequest:
+        return cls(**values)
+
+
+def model_request(
+    path: str | Path, splits: list[str], bootstrap: int, seed: int
+) -> tuple[EvaluationRequest, dict[str, torch.Tensor], dict[str, Any]]:
+    """The request, the model's tensors and its card, for the model at ``path``."""
+    bad = [s for s in splits if s not in SPLITS]
+    if bad or not splits:
+        raise ValueError(f"splits must be among {list(SPLITS)}, got {splits}")
+    model, card = load_registered_model(path)
+    names = list(card["label_names"])
+    request = EvaluationRequest(
+        MODEL_FORMAT,
+        model.config(),
+        names,
+        [float(t) for t in card.get("threshold") or [0.5] * len(names)],
+        check_tta(card.get("tta", "none")),
+        list(splits),
+        int(bootstrap),
+        int(seed),
+    )
+    return request, dict(model.state_dict()), card
+
+
+def site_report(
+    data: SiteData, request: EvaluationRequest, tensors: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """On the node: per split and label, everything ``label_result`` reports; no scores."""
+    if request.model_format != MODEL_FORMAT:
+        raise ValueError(
+            f"unknown model format {request.model_format!r}; this node reads {MODEL_FORMAT}"
+        )
+    names = request.label_names
+    if data.num_labels != len(names):
+        raise ValueError(
+            f"site {data.name}: data has {data.num_labels} label(s), the model {len(names)}"
+        )
+    start = time.perf_counter()
+    model = model_from_config(request.model_config)
+    model.load_state_dict(tensors)
+    out: dict[str, Any] = {"site": data.name, "splits": {}}
+    for split in request.splits:
+        part = getattr(data, split)
+        scores = predict(model, part.images, request.tta)
+        labels = part.labels.numpy()
+        out["splits"][split] = {
+            label: label_result(
+                labels[:, j], scores[:, j], request.thresholds[j], request.bootstrap, request.seed
+            )
+            for j, label in enumerate(names)
+        }
+    out["duration_s"] = time.perf_counter() - start
+    return out
+
+
+def trained_sites(card: dict[str, Any]) -> set[str]:
+    """The sites the model's card says it was trained on."""
+    return {row["site"] for row in card.get("sites", [])}
+
+
+def combine(
+    answers: dict[str, dict[str, Any] | NodeFailure],
+    request: EvaluationRequest,
+    split: str,
+    held_out: list[str],
+) -> dict[str, Any]:
+    """One split's results in the layout of local ``fed-auc evaluate``, plus the pooled entry
+    from the summed counts, the sites that could not answer, and the held-out sites."""
+    names = request.label_names
+    reports = {s: a for s, a in answers.items() if not isinstance(a, NodeFailure)}
+    per_site = {site: report["splits"][split] for site, report in reports.items()}
+    results: dict[str, Any] = {
+        "label_names": names,
+        "bootstrap": request.bootstrap,
+        "tta": request.tta,
+        "split": split,
+        "sites": dict(per_site),
+        "held_out": sorted(held_out),
+        "failures": {
+            site: f"{a.status}: {a.message}"
+            for site, a in answers.items()
+            if isinstance(a, NodeFailure)
+        },
+    }
+    if per_site:
+        results["sites"][POOLED] = {
+            label: pooled_entry(per_site, label, j, request) for j, label in enumerate(names)
+        }
+    results["worst_site_auc"] = worst_site_auc(results["sites"], names)
+    return results
+
+
+def pooled_entry(
+    per_site: dict[str, Any], label: str, j: int, request: EvaluationRequest
+) -> dict[str, Any]:
+    """The pooled figures of one label from the sites' counts (no score was pooled)."""
+    names = sorted(per_site)
+    parts = [
+        ScoreBins.from_dict(per_site[s][label]["bins"], f"site {s} label {label}") for s in names
+    ]
+    check_same_edges(parts, names)
+    bins, pooled = pooled_from_bins(dict(zip(names, parts, strict=True)), request.bootstrap,
+                                    request.seed)  # fmt: skip
+    n, positives = bins.n_positive + bins.n_negative, bins.n_positive
+    threshold = request.thresholds[j]
+    out: dict[str, Any] = {
+        "n": n,
+        "positives": positives,
+        "prevalence": positives / n if n else None,
+        "auc": pooled["auc"],
+        "ci_lo": pooled["ci_lo"],
+        "ci_hi": pooled["ci_hi"],
+        "auc_error_bound": pooled["auc_error_bound"],
+        "note": _pooled_note(bins, names),
+        "threshold": threshold,
+        "roc": roc_from_bins(bins),
+        "pooled_sites": names,
+    }
+    if threshold < 1.0:  # as local evaluate: "score ≥ 1" is no point the bins resolve
+        out.update({k: v for k, v in figures(bins, threshold).items() if k not in out})
+    out.setdefault("sensitivity", None)
+    out.setdefault("specificity", None)
+    out["calibration"] = [
+        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
+         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
+        for c in reliability(bins)
+    ]  # fmt: skip
+    out["bins"] = bins.to_dict()
+    return out
+
+
+def _pooled_note(bins: ScoreBins, sites: list[str]) -> str:
+    if bins.n_positive == 0 or bins.n_negative == 0:
+        return f"AUC undefined: no {'positives' if bins.n_positive == 0 else 'negatives'}"
+    return f"pooled from the binned score counts of {', '.join(sites)}"
+
+
+def run_job(
+    transport: Any,
+    sites: list[str],
+    request: EvaluationRequest,
+    tensors: dict[str, torch.Tensor],
+    held_out: list[str],
+) -> dict[str, dict[str, Any]]:
+    """Ask every site for its report and combine them: split → results."""
+    answers = transport.report(sites, request, tensors)
+    return {split: combine(answers, request, split, held_out) for split in request.splits}
+
+
+def record_and_write(
+    store: RunStore,
+    run_id: str,
+    results: dict[str, dict[str, Any]],
+    model: str,
+    card: dict[str, Any],
+    transport_name: str,
+    out_dir: str | Path,
+) -> dict[str, Any]:
+    """Write ``evaluation.json`` / ``.csv`` / ``roc.png`` (test in ``out_dir``, validation in
+    ``out_dir/val``), record every split in the store, return the files and per-site AUCs."""
+    summary: dict[str, Any] = {"files": {}, "auc": {}, "failures": {}}
+    for split, result in results.items():
+        result.update(model=model, model_run_id=card.get("run_id"), transport=transport_name)
+        folder = Path(out_dir) if split == "test" else Path(out_dir) / split
+        summary["files"][split] = {k: str(v) for k, v in write_results(result, folder).items()}
+        store.record_evaluation(run_id, split, result)
+        summary["auc"][split] = {
+            site: [labels[name]["auc"] for name in result["label_names"]]
+            for site, labels in result["sites"].items()
+        }
+        summary["failures"] = result["failures"]
+    for site, reason in summary["failures"].items():
+        store.add_event(
+            run_id, f"evaluation: site {site} did not report: {reason}", "warning", site
+        )
+    summary["held_out"] = next(iter(results.values()))["held_out"]
+    return summary
+
+
+def describe(results: dict[str, Any]) -> list[str]:
+    """One line per site and label (and per site that did not report), for the CLI."""
+    lines = []
+    for site, labels in results["sites"].items():
+        mark = " (held out)" if site in results.get("held_out", []) else ""
+        for label, r in labels.items():
+            if r["auc"] is None:
+                text = r["note"]
+            else:
+                ci = "" if r["ci_lo"] is None else f" [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
+                text = f"AUC {r['auc']:.3f}{ci}"
+                if r.get("auc_error_bound") is not None:
+                    text += f" (binning error ≤ {r['auc_error_bound']:.4f})"
+            lines.append(f"{site + mark:<24} {label:<18} n {r['n']:<5} {text}")
+    for site, reason in results.get("failures", {}).items():
+        lines.append(f"{site:<24} did not report: {reason}")
+    return lines
