@@ -108,11 +108,26 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "(coordinate-wise, robust to a few hostile sites)",
     )
     p.add_argument(
-        "--dp-clip", type=float, help="client-side DP: clip each update block to this L2 norm C"
+        "--dp",
+        choices=["update", "example"],
+        help="client-side DP: 'update' clips and noises each site's whole update (default when "
+        "--dp-clip is given); 'example' is DP-SGD: each example's gradient clipped in every "
+        "local step, with an (ε, δ) accountant per site and GroupNorm in the model",
     )
     p.add_argument(
-        "--dp-noise", type=float, help="client-side DP: Gaussian noise multiplier σ (std σ·C)"
+        "--dp-clip",
+        type=float,
+        help="DP clip norm C: of each update block (--dp update) or each example's gradient "
+        "(--dp example)",
     )
+    p.add_argument("--dp-noise", type=float, help="DP Gaussian noise multiplier σ (noise std σ·C)")
+    p.add_argument(
+        "--target-epsilon",
+        type=float,
+        help="--dp example: derive σ so each site spends this ε over the run; a site whose "
+        "budget is spent stops training",
+    )
+    p.add_argument("--delta", dest="dp_delta", type=float, help="--dp example: δ (1e-5)")
     p.add_argument(
         "--resume",
         metavar="RUN_ID",

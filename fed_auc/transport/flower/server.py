@@ -283,7 +283,7 @@ def run_experiment(
     try:
         # The nodes register with a provisional setup: registration needs their data and
         # memory budget only; the data-dependent defaults are settled from their answers.
-        model = build_model(config.model, num_labels=config.num_labels)
+        model = build_model(config.model, num_labels=config.num_labels, norm=config.model_norm())
         provisional = config.with_data_kind(True).node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
@@ -298,7 +298,7 @@ def run_experiment(
             {site: r["label_names"] for site, r in registrations.items()}
         )
         torch.manual_seed(config.seed)
-        model = build_model(config.model, num_labels=num_labels)
+        model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
         server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
         setup = config.node_setup(run_id, model.config(), num_labels, settings.expected_sites)
         transport.use(setup)
