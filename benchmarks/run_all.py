@@ -40,6 +40,7 @@ class Benchmark:
 BENCHMARKS = (
     Benchmark("overhead", "overhead.py"),
     Benchmark("positive_floor", "positive_floor.py"),
+    Benchmark("dp_epsilon", "dp_epsilon.py"),
     Benchmark("synthetic_difficulty", "synthetic_difficulty.py"),
     Benchmark("compare_backends", "compare_backends.py"),
     Benchmark("communication", "communication.py"),

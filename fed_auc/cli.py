@@ -129,6 +129,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--delta", dest="dp_delta", type=float, help="--dp example: δ (1e-5)")
     p.add_argument(
+        "--norm",
+        choices=["batch", "group"],
+        help="the network's normalization (default: group with --dp example, else batch)",
+    )
+    p.add_argument(
         "--resume",
         metavar="RUN_ID",
         help="continue an interrupted run from its last recorded round (its recorded options)",

@@ -23,7 +23,7 @@ from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
 from fed_auc.dp_sgd import DP_MODES, ExampleDP
 from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES
-from fed_auc.models import ARCHITECTURES
+from fed_auc.models import ARCHITECTURES, NORMS
 from fed_auc.node_setup import NodeSetup
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
@@ -131,6 +131,10 @@ class ExperimentConfig:
     dp: str | None = None
     dp_delta: float = 1e-5
     target_epsilon: float | None = None
+    # The network's normalization layers: batch or group (GroupNorm through MONAI's norm
+    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch),
+    # else batch. Giving group without DP measures what GroupNorm alone costs.
+    norm: str | None = None
     runs_dir: str = "runs"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
@@ -264,6 +268,13 @@ class ExperimentConfig:
     def _check_dp(self) -> None:
         if self.dp is not None:
             _choice("dp", self.dp, DP_MODES)
+        if self.norm is not None:
+            _choice("norm", self.norm, NORMS)
+        if self.dp == "example" and self.norm == "batch":
+            raise ValueError(
+                "norm = 'batch' cannot be used with dp = 'example': BatchNorm mixes the examples "
+                "of a batch, so no gradient is one example's; use norm = 'group'"
+            )
         if self.dp == "example":
             if self.dp_clip is None:
                 raise ValueError("dp = 'example' needs dp_clip (C, each example's clip norm)")
@@ -304,6 +315,8 @@ class ExperimentConfig:
 
     def model_norm(self) -> str:
         """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples)."""
+        if self.norm is not None:
+            return self.norm
         return "group" if self.dp == "example" else "batch"
 
     def _check_sites_option(self) -> None:

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
+from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
@@ -186,8 +187,10 @@ class FlowerTransport:
             site = site_of.get(reply.metadata.src_node_id)
             if site is None:
                 continue
-            if reply.has_error():
-                answers[site] = NodeFailure(site, "error", reply.error.reason)
+            if reply.has_error():  # a DP-SGD site whose budget is spent says so by name
+                spent = f"{BudgetSpent.__name__}: " in reply.error.reason
+                status = "budget_spent" if spent else "error"
+                answers[site] = NodeFailure(site, status, reply.error.reason)
             else:
                 answers[site] = message_frame(reply.content)
         for site in frames:
