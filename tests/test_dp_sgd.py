@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -263,3 +264,37 @@ def test_dp_example_plans_the_run_and_uses_group_norm(tmp_path: Path) -> None:
     assert config.example_dp().planned_steps == 15 and config.model_norm() == "group"
     update = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0, dp_noise=0.5)
     assert update.example_dp() is None and update.model_norm() == "batch"
+
+
+@pytest.mark.slow
+def test_a_dp_run_records_each_sites_epsilon_in_the_store_and_the_card(tmp_path: Path) -> None:
+    from fed_auc.simulation import run_simulation
+
+    config = ExperimentConfig(
+        runs_dir=str(tmp_path), rounds=2, local_steps=2, batch_size=8, image_size=16,
+        data_scale=0.2, dp="example", dp_clip=1.0, target_epsilon=3.0,
+    )  # fmt: skip
+    summary = run_simulation(config)
+    run_dir = Path(summary["run_dir"])
+    card = json.loads((run_dir / "model" / "model_card.json").read_text())
+    assert card["model_config"]["norm"] == "group"
+    spent = card["privacy"]["sites"]
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+    assert sorted(spent) == sorted(rows["site"].unique())
+    for site, values in spent.items():
+        ledger = json.loads((run_dir / "nodes" / site / LEDGER_FILE).read_text())
+        steps = [Step(*s) for r in ledger["releases"].values() for s in r["steps"]]
+        assert len(steps) == 4  # 2 rounds × 2 local steps, one evaluation each
+        accountant = rdp.RdpAccountant()  # the library, called on the ledger directly
+        for step in steps:
+            accountant.compose(
+                dp_accounting.PoissonSampledDpEvent(
+                    step.q, dp_accounting.GaussianDpEvent(step.sigma)
+                )
+            )
+        assert values["epsilon_run"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+        assert 2.9 < values["epsilon_run"] <= 3.0  # the planned steps spend the target
+        last = rows[(rows["site"] == site) & (rows["round"] == 2)]
+        assert float(last["dp_epsilon"].iloc[0]) == pytest.approx(values["epsilon_run"])
+    assert "## Privacy (example-level DP-SGD)" in (run_dir / "model" / "MODEL_CARD.md").read_text()
