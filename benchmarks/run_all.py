@@ -51,6 +51,9 @@ BENCHMARKS = (
     Benchmark("partial_and_personal", "partial_and_personal.py", ("memory", "partial", "personal")),
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
+    Benchmark(
+        "dp_epsilon_breastmnist", "dp_epsilon.py", ("--federation", "breastmnist"), BREASTMNIST
+    ),
     Benchmark("reliability", "reliability.py"),
 )
 
