@@ -17,6 +17,7 @@ key), so releasing it again costs nothing and is not counted twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -66,9 +67,11 @@ def epsilon(steps: Iterable[Step], delta: float) -> float:
         return float(accountant.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=256)
 def noise_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int) -> float:
     """σ such that ``steps`` steps at rate ``q`` spend ``target_epsilon`` at ``delta``
-    (``dp_accounting.calibrate_dp_mechanism``, the library's own search)."""
+    (``dp_accounting.calibrate_dp_mechanism``, the library's own search; a second of RDP
+    evaluations, so remembered per process: nodes of one site restart with the same σ)."""
     dp_accounting = _library()
     with _quiet():
         return _calibrate(dp_accounting, target_epsilon, delta, q, steps)
@@ -94,6 +97,7 @@ class PrivacyLedger:
         self.delta = delta
         self.releases: dict[str, dict] = {}
         self.spent_at: int | None = None  # the round whose release would have gone over
+        self._epsilon: float | None = None
         if self.path.exists():
             saved = json.loads(self.path.read_text())
             self.releases = saved["releases"]
@@ -103,16 +107,30 @@ class PrivacyLedger:
         return [Step(*s) for release in self.releases.values() for s in release["steps"]]
 
     def epsilon(self, extra: Iterable[Step] = ()) -> float:
-        return epsilon([*self.steps(), *extra], self.delta)
+        """ε of what was released, plus ``extra`` steps (each call asks the library once:
+        about a second on a loaded machine, so the ledger's own ε is remembered)."""
+        extra = list(extra)
+        if extra:
+            return epsilon([*self.steps(), *extra], self.delta)
+        if self._epsilon is None:
+            self._epsilon = epsilon(self.steps(), self.delta)
+        return self._epsilon
 
-    def record(self, key: str, round_: int, phase: str, steps: Iterable[Step]) -> None:
-        """Count a release (once per key) and write the ledger before the reply leaves."""
+    def __contains__(self, key: str) -> bool:
+        return key in self.releases
+
+    def record(
+        self, key: str, round_: int, phase: str, steps: Iterable[Step], spent: float
+    ) -> None:
+        """Count a release (once per key; ``spent`` = ε with it) and write the ledger before
+        the reply leaves."""
         if key not in self.releases:
             self.releases[key] = {
                 "round": round_,
                 "phase": phase,
                 "steps": [[s.q, s.sigma, s.count] for s in steps],
             }
+            self._epsilon = spent
             self._save()
 
     def mark_spent(self, round_: int) -> None:

@@ -267,9 +267,9 @@ class PrivateTraining:
 
     def release(self, reply: Reply, broadcast: Broadcast, log: DrawLog) -> Reply:
         """Count the release, or refuse it (``BudgetSpent``) if it would pass the target."""
-        steps = log.steps(self.sigma)
+        steps = [] if log.key in self.ledger else log.steps(self.sigma)  # a repeat is free
         before = self.ledger.epsilon()
-        after = self.ledger.epsilon(steps)
+        after = self.ledger.epsilon(steps) if steps else before
         if self.dp.target_epsilon is not None and after > self.dp.target_epsilon:
             self.ledger.mark_spent(broadcast.round)
             raise BudgetSpent(
@@ -277,7 +277,7 @@ class PrivateTraining:
                 f"{after:.3g} > target {self.dp.target_epsilon} (δ = {self.dp.delta}); it was "
                 f"not sent and the site stops training"
             )
-        self.ledger.record(log.key, broadcast.round, broadcast.phase, steps)
+        self.ledger.record(log.key, broadcast.round, broadcast.phase, steps, after)
         metrics = {k: v for k, v in reply.metrics.items() if k not in DATA_METRICS}
         metrics.update(
             dp_epsilon=self.ledger.epsilon(),

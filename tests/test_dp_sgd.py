@@ -214,6 +214,24 @@ def test_a_site_whose_budget_is_spent_stops_and_says_so(tmp_path: Path) -> None:
     assert (tmp_path / "node" / LEDGER_FILE).exists()
 
 
+def test_a_repeated_release_is_the_same_bytes_and_is_counted_once(tmp_path: Path) -> None:
+    config = {"pos_ratio": [0.25], "lr": 0.1, "local_steps": 2, "commit": None, "continue": None}
+    node = dp_node(tmp_path, target=8.0, planned=8)
+    tensors = node.trainable.tensors()
+    first = node.train(Broadcast(0, "train", tensors, config))
+    # the coordinator lost that reply (crash, resume): it asks again from the same state
+    again = dp_node(tmp_path, target=8.0, planned=8).train(Broadcast(0, "train", tensors, config))
+    for name, tensor in first.tensors.items():
+        assert torch.equal(again.tensors[name], tensor), name
+    assert again.metrics["dp_epsilon"] == first.metrics["dp_epsilon"]  # nothing new released
+    # another broadcast for the same round is another release: fresh noise, and it is counted
+    moved = {n: t + 0.01 if n.startswith("w/") else t for n, t in tensors.items()}
+    other = dp_node(tmp_path, target=8.0, planned=8).train(Broadcast(0, "train", moved, config))
+    assert other.metrics["dp_epsilon"] > first.metrics["dp_epsilon"]
+    noise = [other.tensors[n] - moved[n] - (first.tensors[n] - tensors[n]) for n in tensors]
+    assert max(float(d.abs().max()) for d in noise) > 1e-3
+
+
 def test_a_run_ends_cleanly_when_every_budget_is_spent(tmp_path: Path) -> None:
     node = dp_node(tmp_path, target=2.0, planned=4)
     server = Trainable(build_model("tiny", norm="group"), build_loss("auc_margin", 1, [0.5]))
