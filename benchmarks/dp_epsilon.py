@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ def run(
     config = {**DEMO, "rounds": rounds, "seed": seed, "norm": norm, **options}
     if math.isfinite(epsilon):
         config.update(dp="example", dp_clip=clip, target_epsilon=epsilon, dp_delta=DELTA)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as runs_dir:
         summary = run_simulation(ExperimentConfig(runs_dir=runs_dir, **config))
         with RunStore(runs_dir) as store:
@@ -57,6 +59,8 @@ def run(
             chosen = (
                 store.rounds(summary["run_id"]).set_index("round").loc[summary["selected_round"]]
             )
+    print(f"{norm} ε={epsilon} seed {seed}: pooled {summary['exported_auc']:.3f} "
+          f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     return {
         "pooled": summary["exported_auc"],
         "worst": float(chosen["worst_site_auc"]),
@@ -105,14 +109,14 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 rounds, 2 seeds: a smoke run")
-    parser.add_argument("--rounds", type=int, help="rounds per run (full: 20, quick: 4)")
+    parser.add_argument("--rounds", type=int, help="rounds per run (full: 10, quick: 4)")
     parser.add_argument("--seeds", type=int, nargs="+", help="full: 0 1 2, quick: 0 1")
     parser.add_argument("--federation", choices=["synthetic", "breastmnist"], default="synthetic")
     parser.add_argument("--npz", type=Path, default=BREASTMNIST, help="BreastMNIST's .npz")
     parser.add_argument("--clip", type=float, default=CLIP, help=f"per-example clip C ({CLIP})")
     parser.add_argument("--markdown", type=Path, help="write the table to this file")
     args = parser.parse_args()
-    rounds = args.rounds or (4 if args.quick else 20)
+    rounds = args.rounds or (4 if args.quick else 10)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
     options = {}
     federation = "the demo config (CODASCA, 4 synthetic hospitals"

@@ -114,9 +114,13 @@ def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
         "",
         "## Privacy (example-level DP-SGD)",
         "",
-        f"- Per-example clip {privacy['clip']}, δ = {privacy['delta']}, target ε "
-        f"{privacy['target_epsilon']}, noise multiplier {privacy['noise_multiplier'] or 'per site'}"
-        f"; accountant: {privacy['accountant']}",
+        f"- Per-example clip {privacy['clip']}, δ = {privacy['delta']}, "
+        + (
+            f"target ε {privacy['target_epsilon']} (σ calibrated per site)"
+            if privacy["target_epsilon"] is not None
+            else f"noise multiplier {privacy['noise_multiplier']} (no target ε)"
+        )
+        + f"; accountant: {privacy['accountant']}",
         "",
         "| site | ε at the exported round | ε over the run |",
         "|---|---|---|",
