@@ -104,8 +104,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--aggregation",
-        help="mean (default: the backend's weighted mean), median, or trimmed_mean[:β] "
-        "(coordinate-wise, robust to a few hostile sites)",
+        help="mean (default: the backend's weighted mean) or centered_clip:τ (each reply's "
+        "move clipped to within τ of the replies' median, then the backend's mean: exact "
+        "for replies within τ, bounded influence for the others)",
     )
     p.add_argument(
         "--dp",
@@ -117,8 +118,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dp-clip",
         type=float,
-        help="DP clip norm C: of each update block (--dp update) or each example's gradient "
-        "(--dp example)",
+        help="DP clip norm C: of the move each reply block makes the model take (--dp update) "
+        "or of each example's gradient (--dp example)",
     )
     p.add_argument("--dp-noise", type=float, help="DP Gaussian noise multiplier σ (noise std σ·C)")
     p.add_argument(

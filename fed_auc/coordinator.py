@@ -207,7 +207,12 @@ class Coordinator:
                     f"round {round_ + 1}, phase {phase!r}: no valid reply from {selected}"
                 )
             signal_jobs.append(self._writer.submit(phase_signals, broadcast.tensors, valid))
-            self.state = self.backend.aggregate(self.state, self.aggregation.apply(valid), phase)
+            blocks = [self.backend.reply_blocks(reply, requests[reply.site]) for reply in valid]
+            robust = self.aggregation.apply(valid, blocks)
+            completed = [self.backend.complete_reply(r, requests[r.site]) for r in robust]
+            for reply in completed:
+                rows[reply.site].cv_drift = tensor_norm(reply.tensors, CONTROL_DELTA)
+            self.state = self.backend.aggregate(self.state, completed, phase)
         self._start_checkpoint(record.round, kept)
         if evaluate:
             self._evaluate(record, rows)
@@ -287,7 +292,6 @@ class Coordinator:
                 row.status = "rejected"
                 record.events.append((site, "error", f"{phase}: rejected: {exc}"))
                 continue
-            answer = self.backend.complete_reply(answer, requests[site])
             row.bytes_up = (row.bytes_up or 0) + up
             record.bytes_up += up
             if row.status in ("idle", "completed"):
@@ -297,7 +301,6 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
-            row.cv_drift = tensor_norm(answer.tensors, CONTROL_DELTA)
             if "dp_epsilon" in answer.metrics:
                 self.privacy[site] = (answer.metrics["dp_epsilon"], answer.metrics["dp_delta"])
             valid.append(answer)

@@ -121,7 +121,7 @@ class ExperimentConfig:
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
     # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
     max_update_norm: float | None = None
-    aggregation: str = "mean"  # or median, trimmed_mean[:β] (fed_auc.robust)
+    aggregation: str = "mean"  # or centered_clip:τ (fed_auc.robust)
     dp_clip: float | None = None
     dp_noise: float = 0.0
     # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy);
@@ -264,6 +264,10 @@ class ExperimentConfig:
             )
         backend = build_backend(self.algorithm, **self.backend_hyperparameters())  # validates
         Aggregation.parse(self.aggregation).check_backend(backend)
+        if self.dp != "example" and self.dp_clip is not None and backend.refuses_update_dp:
+            raise ValueError(
+                f"dp_clip cannot be used with {self.algorithm!r}: {backend.refuses_update_dp}"
+            )
 
     def _check_dp(self) -> None:
         if self.dp is not None:

@@ -191,7 +191,8 @@ class Node:
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups
         if self.privacy is not None:  # the state kept must match the reply that leaves
-            sent = self.privacy.privatize(reply, broadcast, self.name)
+            blocks = self.backend.reply_blocks(reply, broadcast)
+            sent = self.privacy.privatize(reply, broadcast, self.name, blocks)
             self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
             reply = sent
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]

@@ -54,7 +54,10 @@ OPTION_SETS = {
     "personal_l2": {"personalize": "l2"},
     "dp": {"dp_clip": 1.0, "dp_noise": 0.5},
     "dp_example": {"dp": "example", "dp_clip": 1.0, "target_epsilon": 8.0},
-    "median": {"aggregation": "median", "algorithm": "local_sgda"},  # codasca, coda_plus refuse
+    "centered_clip": {
+        "aggregation": "centered_clip:1",
+        "algorithm": "coda_plus",
+    },  # codasca refuses
     "eval_every_2": {"eval_every": 2, "rounds": 3},
     "crop_flip_tta": {"augment": "crop_flip", "tta": "flip"},
     "best_val_2": {"select": "best_val:2"},

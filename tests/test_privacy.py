@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.algorithms.base import Broadcast, Reply, ReplyBlock
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.privacy import Privacy
 from fed_auc.simulation import run_simulation
@@ -30,15 +30,29 @@ def make(scale: float) -> tuple[Reply, Broadcast]:
     return Reply(reply, steps=2, num_examples=10, site="s", round=3, phase="train"), broadcast
 
 
+def blocks(broadcast: Broadcast) -> list[ReplyBlock]:
+    """The iterate block and a gradient block applied at rate 0.5 (its move is 0.5 · g)."""
+    iterate = ("w/x", "w/y", "auc/a")
+    return [
+        ReplyBlock("", iterate, {n: broadcast.tensors[n] for n in iterate}),
+        ReplyBlock("dc/", ("dc/w/x",), {}, 0.5, 0.5),
+    ]
+
+
 def test_clipping_bounds_each_block_and_leaves_small_updates_and_buffers_alone() -> None:
     reply, broadcast = make(scale=5.0)
-    out = Privacy(clip=1.0).privatize(reply, broadcast, "s")
+    out = Privacy(clip=1.0).privatize(reply, broadcast, "s", blocks(broadcast))
     update = {n: out.tensors[n] - broadcast.tensors[n] for n in ("w/x", "w/y", "auc/a")}
     assert block_norm(update) == pytest.approx(1.0, rel=1e-5)
-    assert block_norm({"dc": out.tensors["dc/w/x"]}) == pytest.approx(1.0, rel=1e-5)
+    # The gradient block's move 0.5 · g is clipped to 1: g to 2, in its own direction.
+    assert block_norm({"dc": out.tensors["dc/w/x"]}) == pytest.approx(2.0, rel=1e-5)
+    cosine = torch.nn.functional.cosine_similarity(
+        out.tensors["dc/w/x"], reply.tensors["dc/w/x"], dim=0
+    )
+    assert float(cosine) == pytest.approx(1.0, abs=1e-6)
     assert torch.equal(out.tensors["buf/mean"], reply.tensors["buf/mean"])
     small, broadcast = make(scale=1e-3)
-    kept = Privacy(clip=1.0).privatize(small, broadcast, "s")
+    kept = Privacy(clip=1.0).privatize(small, broadcast, "s", blocks(broadcast))
     for name, tensor in small.tensors.items():
         torch.testing.assert_close(kept.tensors[name], tensor)
     assert (kept.site, kept.round, kept.phase, kept.steps) == ("s", 3, "train", 2)
@@ -47,12 +61,12 @@ def test_clipping_bounds_each_block_and_leaves_small_updates_and_buffers_alone()
 def test_noise_has_the_stated_scale_and_is_seeded_per_site_and_round() -> None:
     reply, broadcast = make(scale=0.0)  # no update at all: what comes back is the noise
     privacy = Privacy(clip=0.5, noise_multiplier=2.0, seed=1)
-    out = privacy.privatize(reply, broadcast, "s")
+    out = privacy.privatize(reply, broadcast, "s", blocks(broadcast))
     noise = torch.cat([(out.tensors[n] - broadcast.tensors[n]).flatten() for n in ("w/x", "w/y")])
     assert float(noise.std()) == pytest.approx(1.0, rel=0.15)  # σ·C = 1
-    again = privacy.privatize(reply, broadcast, "s")
+    again = privacy.privatize(reply, broadcast, "s", blocks(broadcast))
     assert torch.equal(again.tensors["w/x"], out.tensors["w/x"])
-    other = privacy.privatize(reply, broadcast, "t")
+    other = privacy.privatize(reply, broadcast, "t", blocks(broadcast))
     assert not torch.equal(other.tensors["w/x"], out.tensors["w/x"])
 
 
@@ -86,6 +100,8 @@ def test_privatizing_keeps_every_field_of_the_reply() -> None:
     """A weak site's reply says which layer groups it trained; DP must not drop that."""
     reply, broadcast = make(scale=1.0)
     reply.trained_groups = ["norm", "classifier"]
-    out = Privacy(clip=1.0, noise_multiplier=0.1).privatize(reply, broadcast, "s")
+    out = Privacy(clip=1.0, noise_multiplier=0.1).privatize(
+        reply, broadcast, "s", blocks(broadcast)
+    )
     assert out.trained_groups == ["norm", "classifier"]
     assert (out.site, out.round, out.phase, out.num_examples) == ("s", 3, "train", 10)

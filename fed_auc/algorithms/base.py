@@ -123,8 +123,10 @@ class Backend(ABC):
     name: str = ""
     phases: tuple[str, ...] = ("train",)
     needs_minimax_loss: bool = True
-    # Why the backend cannot run under robust aggregation (median, trimmed mean); "" = it can.
+    # Why the backend cannot run under robust aggregation (centered_clip); "" = it can.
     refuses_robust_aggregation: str = ""
+    # Why the backend cannot run under update-level DP clipping (dp_clip); "" = it can.
+    refuses_update_dp: str = ""
 
     def __init__(
         self,
@@ -236,11 +238,45 @@ class Backend(ABC):
         and before ``update_norm``; the default has nothing more to check."""
         return None
 
+    def move_rates(
+        self, prefix: str, reply: Reply, request: Broadcast
+    ) -> tuple[float, float] | None:
+        """How a block of the reply (its tensors under ``prefix``) moves the model: None for
+        an iterate block (its move is v_k − v), else the (primal, dual) rates of the steps
+        that apply a gradient block (move = rate · g). Default: every block is an iterate."""
+        return None
+
+    def reply_blocks(self, reply: Reply, request: Broadcast) -> list[ReplyBlock]:
+        """The reply's variables (w, a, b, α; not buffers), one block per prefix of its
+        layout, each with what turns it into the move it makes the model take."""
+        model = model_part(request.tensors)
+        blocks = []
+        for prefix in self.reply_layout(request.phase).prefixes:
+            names = tuple(
+                n
+                for n, t in reply.tensors.items()
+                if n.startswith(prefix)
+                and n[len(prefix) :].startswith((WEIGHT, AUC))
+                and t.is_floating_point()
+            )
+            if not names:
+                continue
+            rates = self.move_rates(prefix, reply, request)
+            if rates is None:
+                base = {n: model[n[len(prefix) :]] for n in names if n[len(prefix) :] in model}
+                if len(base) != len(names):
+                    raise ValueError(f"reply block {prefix!r} holds variables the model lacks")
+                blocks.append(ReplyBlock(prefix, names, base))
+            else:
+                blocks.append(ReplyBlock(prefix, names, {}, *rates))
+        return blocks
+
     def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
         """Norm of the update the server applies for this reply alone, for the bound
-        ``--max-update-norm`` (None: the reply moves nothing). Default: a reply of iterates,
-        ‖v_k − v‖ over the variables it returns (w, a, b, α; not the BatchNorm buffers)."""
-        return iterate_distance(model_part(request.tensors), reply.tensors)
+        ``--max-update-norm`` (None: the reply moves nothing): the largest move of its blocks
+        (``reply_blocks``), ‖v_k − v‖ for iterates, ‖rate · g‖ for gradients."""
+        norms = [block.norm(reply.tensors) for block in self.reply_blocks(reply, request)]
+        return max(norms, default=None)
 
     def phase_participation(self, phase: str) -> float | None:
         """Fraction of sites to sample for ``phase``; None = the run's participation."""
@@ -249,6 +285,52 @@ class Backend(ABC):
     def global_tensors(self, state: ServerState) -> Tensors:
         """The global model (w, a, b, α, buffers) held in a server state."""
         return state["model"]
+
+
+@dataclass(frozen=True)
+class ReplyBlock:
+    """One block of a reply (its variables under one layout prefix) as the move it makes the
+    model take: ``rate · (tensor − base)``. An iterate block has the broadcast model as its
+    base (move v_k − v); a gradient block has none and the rates of the steps that apply it.
+    DP clipping, the update-norm bound and centered clipping all measure a block by its move,
+    so one bound means the same for every backend, whatever its replies carry."""
+
+    prefix: str
+    names: tuple[str, ...]
+    base: Tensors
+    primal_rate: float = 1.0
+    dual_rate: float = 1.0
+
+    def __post_init__(self) -> None:
+        validate_positive("primal move rate", self.primal_rate)
+        validate_positive("dual move rate", self.dual_rate)
+
+    def rate(self, name: str) -> float:
+        return self.dual_rate if name.endswith(DUAL) else self.primal_rate
+
+    def move(self, tensors: Tensors) -> Tensors:
+        """The block of ``tensors`` as a move (float64), over the names ``tensors`` holds."""
+        out = {}
+        for n in self.names:
+            if n in tensors:
+                value = tensors[n].double()
+                if self.base:
+                    value = value - self.base[n].double()
+                out[n] = self.rate(n) * value
+        return out
+
+    def tensors_for(self, move: Tensors, like: Tensors) -> Tensors:
+        """The block's tensors (dtype of ``like``) that make ``move``: the inverse of ``move``."""
+        out = {}
+        for n, m in move.items():
+            value = m / self.rate(n) + (self.base[n].double() if self.base else 0.0)
+            out[n] = value.to(like[n].dtype)
+        return out
+
+    def norm(self, tensors: Tensors) -> float | None:
+        """‖move‖ (None if ``tensors`` holds none of the block)."""
+        move = self.move(tensors)
+        return math.sqrt(sum(float(m.pow(2).sum()) for m in move.values())) if move else None
 
 
 def iterate_distance(model: Tensors, returned: Tensors, prefix: str = "") -> float | None:
@@ -260,18 +342,6 @@ def iterate_distance(model: Tensors, returned: Tensors, prefix: str = "") -> flo
     return math.sqrt(
         sum(float((returned[prefix + n].double() - model[n].double()).pow(2).sum()) for n in names)
     )
-
-
-def scaled_norm(tensors: Tensors, primal_rate: float, dual_rate: float) -> float | None:
-    """‖(η_x g_x, η_y g_y)‖ of a gradient block (α = ``auc/alpha`` takes the dual rate;
-    None if the block is empty)."""
-    if not tensors:
-        return None
-    total = 0.0
-    for name, g in tensors.items():
-        rate = dual_rate if name == DUAL else primal_rate
-        total += rate**2 * float(g.double().pow(2).sum())
-    return math.sqrt(total)
 
 
 def model_part(tensors: Tensors) -> Tensors:

@@ -34,7 +34,6 @@ from fed_auc.algorithms.base import (
     Reply,
     ReplyLayout,
     ServerState,
-    iterate_distance,
     model_part,
     prefixed,
     site_weights,
@@ -60,23 +59,8 @@ class CODAPlus(Backend):
         self.gamma = gamma
         self.stage_output = stage_output
 
-    refuses_robust_aggregation = (
-        "a coordinate-wise median or trimmed mean of heterogeneous sites' iterates converges "
-        "where the median of their gradients vanishes, not at the saddle point of the mean "
-        "objective (toy with 50 % participation: 0.27 away with the median)"
-    )
-
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
         return ReplyLayout(prefixes=("", MEAN) if self.stage_output == "average" else ("",))
-
-    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
-        """‖v_k − v‖ of the end iterate and, with ``stage_output="average"``, of the round's
-        mean iterate (it becomes part of the stage output): the larger counts."""
-        model = model_part(request.tensors)
-        norms = [iterate_distance(model, reply.tensors)]
-        if self.stage_output == "average":
-            norms.append(iterate_distance(model, reply.tensors, MEAN))
-        return max((n for n in norms if n is not None), default=None)
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:

@@ -24,10 +24,10 @@ The corrections cancel only while c = (1/N) Σ_k c^k, so every change to a reply
 - DP clipping/noise (on the node): the node derives its c^k from the iterate it actually
   sends (``reply_sent``), exactly as the server derives Δc^k from it. Then c^k = mean
   gradient + (sent − computed)/(I η_l): this round's clipping error, not an accumulated one.
-- Robust aggregation (median, trimmed mean) is refused (``refuses_robust_aggregation``):
-  a median of the Δc^k breaks the invariant (toy: 0.08 from the saddle point), and robust
-  iterates with plainly averaged Δc^k keep the invariant but not the robustness (a hostile
-  iterate's Δc^k enters c in full: tests/test_robust.py's attack moves the stem by 12).
+- Robust aggregation is refused (``refuses_robust_aggregation``): a reply clipped on the
+  server (``centered_clip``) gives a Δc^k that differs from the c^k its node keeps, and a
+  coordinate-wise median of the Δc^k breaks the invariant too (toy: 0.20 and 0.08 from the
+  saddle point). Bound hostile replies with ``max_update_norm`` instead (they are rejected).
 - Partial training: a tensor's c is the mean over the sites that train it, all of them, as
   they declared at registration (``register_sites``), heard from yet or not.
 - ``site_weighting="examples"`` (the objective Σ_k n_k f_k / n): c = Σ_k n_k c^k / n,
@@ -77,12 +77,11 @@ ALPHA = AUC + "alpha"  # the dual variable α (Trainable.dual)
 class CODASCA(Backend):
     name = "codasca"
     refuses_robust_aggregation = (
-        "its control variates need c = mean_k c^k: a robust statistic of the Δc^k breaks it "
-        "(the corrections stop cancelling and the run ends away from the saddle point), and "
-        "a plain mean of the Δc^k next to robust iterates lets one hostile site set c (a "
-        "finite attack then moves the model as under the mean); use aggregation 'mean' "
-        "(with max_update_norm), or local_sgda with a robust aggregation (coda_plus refuses "
-        "it too; a median run ends at its own point, not the mean objective's saddle point)"
+        "its control variates need c = mean_k c^k, and the server derives each Δc^k from the "
+        "reply it aggregates: a reply clipped on the server gives a Δc^k that differs from "
+        "the c^k its node keeps, so the corrections stop cancelling (toy: 0.20 from the "
+        "saddle point with centered_clip:1); bound hostile replies with max_update_norm "
+        "(they are rejected), or use coda_plus or local_sgda with centered_clip"
     )
 
     def __init__(

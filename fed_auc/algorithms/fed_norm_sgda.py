@@ -58,7 +58,6 @@ from fed_auc.algorithms.base import (
     ServerState,
     model_part,
     prefixed,
-    scaled_norm,
     unprefixed,
     validate_choice,
     validate_positive,
@@ -131,14 +130,15 @@ class FedNormSGDA(Backend):
                 f"{self.momentum} give ‖ā_i‖₁ = {expected:.6g}"
             )
 
-    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
+    def move_rates(
+        self, prefix: str, reply: Reply, request: Broadcast
+    ) -> tuple[float, float] | None:
         """The step line 18 takes if this reply alone is aggregated, with τ_eff its own ‖ā_i‖₁
-        (or the fixed τ_eff): ‖(τ_eff γ_x^s g_x,i, τ_eff γ_y^s g_y,i)‖. With γ^s = η^c it is the
-        site's own local move ‖z_i^end − z‖, the bound an iterate reply gets."""
+        (or the fixed τ_eff): rates (τ_eff γ_x^s, τ_eff γ_y^s) on (g_x,i, g_y,i). With
+        γ^s = η^c the move is the site's own local move z_i^end − z, as for an iterate."""
         rates = self._rates(request.round)
         tau = reply.metrics["a_norm"] if isinstance(self.tau_eff, str) else self.tau_eff
-        gradient = unprefixed(GRADIENT, reply.tensors)
-        return scaled_norm(gradient, tau * rates["server_lr"], tau * rates["server_dual_lr"])
+        return tau * rates["server_lr"], tau * rates["server_dual_lr"]
 
     def _rates(self, round_: int) -> dict[str, float]:
         """(η_x^c, η_y^c, γ_x^s, γ_y^s) of a round, all divided by the same stage decay."""

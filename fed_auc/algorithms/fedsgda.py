@@ -26,6 +26,12 @@ paper's S_t in v_t is a typo; the proofs use S'_t):
            v_t likewise with β_t;   u_0, v_0 = MB.
 Schedules (App. D.1, t = round): η_t = c_η/(t+1)^ρ, γ_t = c_γ/(t+1)^ρ,
 α_t = β_t = min(1, c_α/(t+1)^{2ρ}).
+Under client sampling, MB with a constant step reaches a neighbourhood of the saddle point of
+size ∝ σ²/S (Thm 1; σ² includes the sites' heterogeneity); a decaying step converges (toy, 3 of
+6 sites: ρ = 1 within 0.01 after 1600 rounds, STORM ρ = 0.5 after 800; BENCHMARKS.md).
+Site gradients do not vanish at the saddle point (only their mean does): update-level DP
+clipping and robust clipping of the collect replies would move the fixed point, so both are
+refused (``refuses_update_dp``, ``refuses_robust_aggregation``).
 
 Choices the paper leaves open:
 - Full local gradient: that of one chunk holding the whole split, whatever the chunks of
@@ -69,7 +75,6 @@ from fed_auc.algorithms.base import (
     ServerState,
     model_part,
     prefixed,
-    scaled_norm,
     site_weights,
     unprefixed,
     validate_positive,
@@ -146,6 +151,21 @@ class _FedSGDA(Backend):
 
     phases = ("collect", "update")
     uses_previous = False  # whether E needs ∇f_i(z̄_{t−1})
+    # The collect phase's full local gradients do not vanish at the saddle point when sites
+    # differ (only their mean does): any clip that binds on them moves the fixed point.
+    refuses_robust_aggregation = (
+        "its collect phase sends each site's full local gradient, which does not vanish at "
+        "the saddle point when sites differ (only the mean does): clipping it around the "
+        "median moves the fixed point (toy: 0.42 from the saddle point with "
+        "centered_clip:1; each gradient moves the model by Kη‖∇f_i‖ = 1.8–3.4 there); "
+        "bound hostile replies with max_update_norm (they are rejected)"
+    )
+    refuses_update_dp = (
+        "its collect phase sends each site's full local gradient, which does not vanish at "
+        "the saddle point when sites differ: a clip C below Kη‖∇f_i(z*)‖ moves the fixed "
+        "point (toy: 0.46 from the saddle point with dp_clip 0.5), and that norm is unknown "
+        "before training"
+    )
 
     def __init__(
         self,
@@ -177,21 +197,17 @@ class _FedSGDA(Backend):
             return ReplyLayout(prefixes=prefixes, buffers=False)
         return ReplyLayout()
 
-    def update_norm(self, reply: Reply, request: Broadcast) -> float | None:
-        """Update phase: ‖z_i^(K) − z̄_t‖. Collect phase: a full gradient moves every client
-        of the next update phase through (u_t, v_t), by η_t (γ_t for α) per local step, so
-        each gradient block (∇f_i(z̄_t), and ∇f_i(z̄_{t−1}) for STORM) is bounded as the move
-        of K = ``local_steps`` such steps, ‖(K η_t g_x, K γ_t g_y)‖; the larger block counts."""
+    def move_rates(
+        self, prefix: str, reply: Reply, request: Broadcast
+    ) -> tuple[float, float] | None:
+        """Collect phase: a full gradient moves every client of the next update phase through
+        (u_t, v_t), by η_t (γ_t for α) per local step, so each gradient block (∇f_i(z̄_t), and
+        ∇f_i(z̄_{t−1}) for STORM) moves the model as K = ``local_steps`` such steps would:
+        rates (K η_t, K γ_t). Update phase: iterates."""
         if request.phase != "collect":
-            return super().update_norm(reply, request)
+            return None
         eta, gamma = self.step_sizes(request.round)
-        k = self.local_steps
-        prefixes = (GRADIENT, GRADIENT_PREVIOUS) if self.uses_previous else (GRADIENT,)
-        norms = [
-            scaled_norm(unprefixed(prefix, reply.tensors), k * eta, k * gamma)
-            for prefix in prefixes
-        ]
-        return max((n for n in norms if n is not None), default=None)
+        return self.local_steps * eta, self.local_steps * gamma
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:

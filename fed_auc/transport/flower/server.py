@@ -236,8 +236,9 @@ class FlowerTransport:
             self.node_of[site] = node
             self._answers[site] = answer
             self.held[site] = answer.get("cached", [])
-            self.log(f"site {site} joined (Flower node {node})")
-            if not known_before:  # a return is recorded when the site answers again
+            if known_before:  # a return is recorded when the site answers again
+                self.log(f"site {site} reconnected (Flower node {node})")
+            else:
                 waited = time.monotonic() - self.started
                 message = f"site {site} joined after {waited:.1f} s (Flower node {node})"
                 self.event(site, "info", message)
@@ -281,7 +282,10 @@ def run_experiment(
     run_dir = Path(config.runs_dir) / run_id
 
     def event(site: str | None, level: str, message: str) -> None:
+        """Recorded in the store and shown in the coordinator's log: an operator watching it
+        sees a site leave or rejoin when it happens, not only in the dashboard."""
         store.add_event(run_id, message, level, site)
+        log(message)
 
     try:
         # The nodes register with a provisional setup: registration needs their data and
