@@ -21,6 +21,7 @@ GroupNorm without DP per seed; the largest ε any site spent, from the store.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -115,6 +116,12 @@ def main() -> None:
     parser.add_argument("--npz", type=Path, default=BREASTMNIST, help="BreastMNIST's .npz")
     parser.add_argument("--clip", type=float, default=CLIP, help=f"per-example clip C ({CLIP})")
     parser.add_argument("--markdown", type=Path, help="write the table to this file")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="keep each run's result here as JSON and reuse it: several processes, one per "
+        "seed, can share the work, then one call with every seed writes the table",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (4 if args.quick else 10)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
@@ -128,9 +135,18 @@ def main() -> None:
         }
         federation = "BreastMNIST in 4 sites (dirichlet:0.5, CODASCA, flip, neg. floor 0.25"
     started = time.perf_counter()
+
+    def cached(norm: str, epsilon: float, seed: int) -> dict[str, float]:
+        if args.cache is None:
+            return run(norm, epsilon, seed, rounds, args.clip, **options)
+        path = args.cache / f"{args.federation}-{norm}-{epsilon}-{seed}-{rounds}-{args.clip}.json"
+        if not path.exists():
+            args.cache.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(run(norm, epsilon, seed, rounds, args.clip, **options)))
+        return json.loads(path.read_text())
+
     results = {
-        label: [run(norm, epsilon, seed, rounds, args.clip, **options) for seed in seeds]
-        for label, norm, epsilon in rows()
+        label: [cached(norm, epsilon, seed) for seed in seeds] for label, norm, epsilon in rows()
     }
     settings = (
         f"{federation}, tiny DenseNet @ 28 px, {rounds} "
