@@ -10,7 +10,7 @@ WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY fed_auc ./fed_auc
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
- && pip install -c constraints.txt ".[flower]"
+ && pip install -c constraints.txt ".[flower,privacy]"
 
 COPY hospitals ./hospitals
 COPY configs ./configs

@@ -40,6 +40,7 @@ class Benchmark:
 BENCHMARKS = (
     Benchmark("overhead", "overhead.py"),
     Benchmark("positive_floor", "positive_floor.py"),
+    Benchmark("dp_epsilon", "dp_epsilon.py"),
     Benchmark("synthetic_difficulty", "synthetic_difficulty.py"),
     Benchmark("compare_backends", "compare_backends.py"),
     Benchmark("communication", "communication.py"),
@@ -51,6 +52,9 @@ BENCHMARKS = (
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
     Benchmark("auc_vs_ce", "auc_vs_ce.py"),
+    Benchmark(
+        "dp_epsilon_breastmnist", "dp_epsilon.py", ("--federation", "breastmnist"), BREASTMNIST
+    ),
     Benchmark("reliability", "reliability.py"),
     Benchmark("dashboard_pages", "dashboard_pages.py"),
 )

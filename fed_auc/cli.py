@@ -110,13 +110,30 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "for replies within τ, bounded influence for the others)",
     )
     p.add_argument(
-        "--dp-clip",
-        type=float,
-        help="client-side DP: clip the move each reply block makes the model take to this "
-        "L2 norm C",
+        "--dp",
+        choices=["update", "example"],
+        help="client-side DP: 'update' clips and noises each site's whole update (default when "
+        "--dp-clip is given); 'example' is DP-SGD: each example's gradient clipped in every "
+        "local step, with an (ε, δ) accountant per site and GroupNorm in the model",
     )
     p.add_argument(
-        "--dp-noise", type=float, help="client-side DP: Gaussian noise multiplier σ (std σ·C)"
+        "--dp-clip",
+        type=float,
+        help="DP clip norm C: of the move each reply block makes the model take (--dp update) "
+        "or of each example's gradient (--dp example)",
+    )
+    p.add_argument("--dp-noise", type=float, help="DP Gaussian noise multiplier σ (noise std σ·C)")
+    p.add_argument(
+        "--target-epsilon",
+        type=float,
+        help="--dp example: derive σ so each site spends this ε over the run; a site whose "
+        "budget is spent stops training",
+    )
+    p.add_argument("--delta", dest="dp_delta", type=float, help="--dp example: δ (1e-5)")
+    p.add_argument(
+        "--norm",
+        choices=["batch", "group"],
+        help="the network's normalization (default: group with --dp example, else batch)",
     )
     p.add_argument(
         "--resume",

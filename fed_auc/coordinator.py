@@ -45,6 +45,10 @@ class FederationError(RuntimeError):
     """The federation cannot go on (e.g. no valid reply in a round)."""
 
 
+class BudgetsSpent(FederationError):
+    """Every site asked in a round has spent its DP budget: training ends there."""
+
+
 def global_prevalence(registrations: Mapping[str, Mapping[str, Any]]) -> list[float]:
     """p per label: pooled positives over pooled known labels, from the sites' counts."""
     positives = np.sum([r["positives"] for r in registrations.values()], axis=0)
@@ -121,6 +125,7 @@ class Coordinator:
         # checkpoints and update signals, computed while the sites evaluate
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
         self._checkpoint: Future[None] | None = None
+        self.privacy: dict[str, tuple[float, float]] = {}  # site: last reported (ε, δ)
 
     # -- the loop -----------------------------------------------------------------------
     def run(
@@ -136,7 +141,11 @@ class Coordinator:
         while self.state["round"] < rounds:
             upcoming = self.state["round"] + 1
             due = upcoming % self.eval_every == 0 or upcoming == rounds
-            results.append(self.run_round(evaluate=due))
+            try:
+                results.append(self.run_round(evaluate=due))
+            except BudgetsSpent as exc:  # the run ends with the rounds it has
+                self.store.add_event(self.run_id, str(exc), "warning", None, upcoming)
+                break
             if on_round is not None:
                 on_round(results[-1])
         self.wait_for_checkpoint()
@@ -151,6 +160,9 @@ class Coordinator:
         snapshot = load_checkpoint(self.run_dir, last)
         self.state, self.accepted = snapshot["state"], snapshot["accepted"]
         self.committed_round = last
+        rows = self.store.site_rounds(self.run_id).dropna(subset=["dp_epsilon"])
+        for row in rows.itertuples():  # in round order: the last one stays
+            self.privacy[row.site] = (float(row.dp_epsilon), float(row.dp_delta))
         return last
 
     def evaluate_initial(self) -> RoundRecord:
@@ -186,6 +198,11 @@ class Coordinator:
             if not valid:  # keep what the nodes said before giving up
                 for site, level, message in record.events:
                     self.store.add_event(self.run_id, message, level, site, record.round)
+                if all(rows[s].status == "budget_spent" for s in selected):
+                    raise BudgetsSpent(
+                        f"round {round_ + 1}: every site asked ({selected}) has spent its "
+                        "privacy budget; training ends"
+                    )
                 raise FederationError(
                     f"round {round_ + 1}, phase {phase!r}: no valid reply from {selected}"
                 )
@@ -205,6 +222,9 @@ class Coordinator:
         for site, values in next((s for s in reversed(phases) if s), {}).items():
             for key, value in values.items():
                 setattr(rows[site], key, value)
+        for site, row in rows.items():  # ε spent so far, also where a site did not train
+            if site in self.privacy:
+                row.dp_epsilon, row.dp_delta = self.privacy[site]
         record.duration_s = time.perf_counter() - start
         self._finish_round(record, rows, kept)
         return record
@@ -254,7 +274,8 @@ class Coordinator:
             record.bytes_down += down
             if isinstance(answer, NodeFailure):
                 row.status = answer.status
-                record.events.append((site, "error", f"{phase}: {answer.status}: {answer.message}"))
+                level = "warning" if answer.status == "budget_spent" else "error"
+                record.events.append((site, level, f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
                 validate_answer(
@@ -280,6 +301,8 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
+            if "dp_epsilon" in answer.metrics:
+                self.privacy[site] = (answer.metrics["dp_epsilon"], answer.metrics["dp_delta"])
             valid.append(answer)
         return valid
 

@@ -21,9 +21,10 @@ from fed_auc.data.labels import validate_positive_label
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
+from fed_auc.dp_sgd import DP_MODES, ExampleDP
 from fed_auc.local_work import LocalWork
 from fed_auc.losses import LOSSES
-from fed_auc.models import ARCHITECTURES
+from fed_auc.models import ARCHITECTURES, NORMS
 from fed_auc.node_setup import NodeSetup
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
@@ -130,6 +131,17 @@ class ExperimentConfig:
     aggregation: str = "mean"  # or centered_clip:τ (fed_auc.robust)
     dp_clip: float | None = None
     dp_noise: float = 0.0
+    # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy);
+    # "example" = DP-SGD, each example's gradient clipped to dp_clip in every local step and
+    # noised with σ = dp_noise, or with the σ that spends target_epsilon at dp_delta over the
+    # run (fed_auc.dp_sgd), an accountant per site, GroupNorm in the model.
+    dp: str | None = None
+    dp_delta: float = 1e-5
+    target_epsilon: float | None = None
+    # The network's normalization layers: batch or group (GroupNorm through MONAI's norm
+    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch),
+    # else batch. Giving group without DP measures what GroupNorm alone costs.
+    norm: str | None = None
     runs_dir: str = "runs"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
@@ -253,10 +265,7 @@ class ExperimentConfig:
         Aggregation.parse(self.aggregation)
         if self.max_update_norm is not None:
             validate_positive("max_update_norm", self.max_update_norm)
-        if self.dp_clip is not None:
-            Privacy(self.dp_clip, self.dp_noise)  # validates both
-        elif self.dp_noise:
-            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+        self._check_dp()
         if self.site_memory is not None and not self.partial_training:
             raise ValueError("site_memory needs partial_training (--partial-training)")
         for i, budget in enumerate(self.memory_budgets()):
@@ -273,10 +282,64 @@ class ExperimentConfig:
             )
         backend = build_backend(self.algorithm, **self.backend_hyperparameters())  # validates
         Aggregation.parse(self.aggregation).check_backend(backend)
-        if self.dp_clip is not None and backend.refuses_update_dp:
+        if self.dp != "example" and self.dp_clip is not None and backend.refuses_update_dp:
             raise ValueError(
                 f"dp_clip cannot be used with {self.algorithm!r}: {backend.refuses_update_dp}"
             )
+
+    def _check_dp(self) -> None:
+        if self.dp is not None:
+            _choice("dp", self.dp, DP_MODES)
+        if self.norm is not None:
+            _choice("norm", self.norm, NORMS)
+        if self.dp == "example" and self.norm == "batch":
+            raise ValueError(
+                "norm = 'batch' cannot be used with dp = 'example': BatchNorm mixes the examples "
+                "of a batch, so no gradient is one example's; use norm = 'group'"
+            )
+        if self.dp == "example":
+            if self.dp_clip is None:
+                raise ValueError("dp = 'example' needs dp_clip (C, each example's clip norm)")
+            self.example_dp()  # validates dp_clip, dp_noise / target_epsilon and dp_delta
+            if self.warmup_rounds:
+                raise ValueError(
+                    f"warmup_rounds = {self.warmup_rounds}: the warm-up trains on site data "
+                    "outside the run's DP accountant; set it to 0 with dp = 'example'"
+                )
+            return
+        if self.target_epsilon is not None:
+            raise ValueError(
+                f"target_epsilon = {self.target_epsilon!r} needs dp = 'example' (the "
+                "update-level DP has no accountant here)"
+            )
+        if self.dp_clip is not None:
+            Privacy(self.dp_clip, self.dp_noise)  # validates both
+        elif self.dp == "update":
+            raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
+        elif self.dp_noise:
+            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+
+    def example_dp(self) -> ExampleDP | None:
+        """DP-SGD's settings (dp = 'example'), planned for every round's local steps."""
+        if self.dp != "example":
+            return None
+        steps = max([self.local_steps, *(self.site_local_steps or [])])
+        if self.local_steps_range is not None:
+            steps = max(steps, int(self.local_steps_range.split(":")[-1]))
+        return ExampleDP(
+            clip=self.dp_clip,
+            noise_multiplier=self.dp_noise or None,
+            delta=self.dp_delta,
+            target_epsilon=self.target_epsilon,
+            planned_steps=self.rounds * steps,
+            seed=self.seed,
+        )
+
+    def model_norm(self) -> str:
+        """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples)."""
+        if self.norm is not None:
+            return self.norm
+        return "group" if self.dp == "example" else "batch"
 
     def _check_sites_option(self) -> None:
         """Options that describe a simulated federation: refused where sites own their data."""
@@ -356,6 +419,7 @@ class ExperimentConfig:
     ) -> NodeSetup:
         """What every node of this experiment needs (JSON-able, sent with each Flower request)."""
         personalization = self.personalization(num_sites)
+        example = self.example_dp()
         return NodeSetup(
             run_id=run_id,
             algorithm=self.algorithm,
@@ -373,6 +437,7 @@ class ExperimentConfig:
             data_scale=self.data_scale,
             dp_clip=self.dp_clip,
             dp_noise=self.dp_noise,
+            example_dp=dataclasses.asdict(example) if example else None,
             partial_training=self.partial_training,
             personalize=self.personalize,
             personal_lambda=self.personal_lambda,

@@ -81,6 +81,7 @@ def render_card(card: dict[str, Any]) -> str:
             f"| {s['site']} | {s['n']} | {s['positives']} | {s['n_test']} | {_fmt(s['auc'])} "
             f"| {ci} |"
         )
+    lines += _privacy_lines(card.get("privacy"))
     lines += [
         "",
         "## Training data",
@@ -98,6 +99,35 @@ def render_card(card: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
+    """The DP section: each site's (ε, δ) from its own accountant, or the update-level
+    setting (which has no ε)."""
+    if not privacy:
+        return []
+    if privacy["mode"] != "example":
+        return ["", "## Privacy", "",
+                f"- Update-level DP: clip {privacy['clip']}, noise multiplier "
+                f"{privacy['noise_multiplier']}; no ε was computed"]  # fmt: skip
+    lines = [
+        "",
+        "## Privacy (example-level DP-SGD)",
+        "",
+        f"- Per-example clip {privacy['clip']}, δ = {privacy['delta']}, "
+        + (
+            f"target ε {privacy['target_epsilon']} (σ calibrated per site)"
+            if privacy["target_epsilon"] is not None
+            else f"noise multiplier {privacy['noise_multiplier']} (no target ε)"
+        )
+        + f"; accountant: {privacy['accountant']}",
+        "",
+        "| site | ε at the exported round | ε over the run |",
+        "|---|---|---|",
+    ]
+    for site, spent in privacy["sites"].items():
+        lines.append(f"| {site} | {spent['epsilon_exported']:.3f} | {spent['epsilon_run']:.3f} |")
+    return lines
 
 
 def _exported(card: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ that weak sites can train an output-side suffix of them (EmbracingFL).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,9 @@ ARCHITECTURES: dict[str, tuple[int, int, tuple[int, ...]]] = {
 
 MIN_SIDE = 32  # MONAI DenseNet121's downsampling needs at least 32 px per side
 _STEM_MODULES = ("conv0", "norm0", "relu0", "pool0")
-_CONFIG_KEYS = ("arch", "num_labels", "in_channels")
+_CONFIG_KEYS = ("arch", "num_labels", "in_channels", "norm")
+NORMS = ("batch", "group")  # group: per-example normalization, for DP-SGD (fed_auc.dp_sgd)
+MAX_GROUPS = 32  # GroupNorm's usual group count (Wu & He, 2018), when the channels allow it
 
 
 def _check_arch(arch: str) -> tuple[int, int, tuple[int, ...]]:
@@ -36,19 +39,45 @@ def _check_arch(arch: str) -> tuple[int, int, tuple[int, ...]]:
     return ARCHITECTURES[arch]
 
 
-class DenseNetClassifier(nn.Module):
-    """A 2-D MONAI DenseNet producing one logit per label, with small inputs upsampled."""
+def group_count(arch: str) -> int:
+    """GroupNorm's group count for ``arch``: the largest ≤ ``MAX_GROUPS`` that divides the
+    channels of every norm layer (MONAI builds each with the same ``num_groups``)."""
+    init_features, growth_rate, block_config = _check_arch(arch)
+    bottleneck = 4 * growth_rate  # MONAI's bn_size
+    channels, width = [bottleneck], init_features
+    for i, layers in enumerate(block_config):
+        channels += [width + j * growth_rate for j in range(layers)]
+        width += layers * growth_rate
+        channels.append(width)  # the transition's (or the final) norm
+        if i < len(block_config) - 1:
+            width //= 2
+    common = math.gcd(*channels)
+    return max(g for g in range(1, MAX_GROUPS + 1) if common % g == 0)
 
-    def __init__(self, arch: str, num_labels: int = 1, in_channels: int = 1) -> None:
+
+class DenseNetClassifier(nn.Module):
+    """A 2-D MONAI DenseNet producing one logit per label, with small inputs upsampled.
+
+    ``norm="group"`` swaps BatchNorm for GroupNorm (MONAI's ``norm`` option): it normalizes
+    each example on its own, so a per-example gradient depends on that example only, which
+    DP-SGD needs; BatchNorm mixes the batch."""
+
+    def __init__(
+        self, arch: str, num_labels: int = 1, in_channels: int = 1, norm: str = "batch"
+    ) -> None:
         super().__init__()
         init_features, growth_rate, block_config = _check_arch(arch)
         if num_labels < 1 or in_channels < 1:
             raise ValueError(
                 f"num_labels and in_channels must be >= 1, got {num_labels} and {in_channels}"
             )
+        if norm not in NORMS:
+            raise ValueError(f"model norm must be one of {list(NORMS)}, got {norm!r}")
         self.arch = arch
         self.num_labels = num_labels
         self.in_channels = in_channels
+        self.norm = norm
+        layer = ("group", {"num_groups": group_count(arch)}) if norm == "group" else "batch"
         self.net = DenseNet(
             spatial_dims=2,
             in_channels=in_channels,
@@ -56,6 +85,7 @@ class DenseNetClassifier(nn.Module):
             init_features=init_features,
             growth_rate=growth_rate,
             block_config=block_config,
+            norm=layer,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,12 +106,17 @@ class DenseNetClassifier(nn.Module):
 
     def config(self) -> dict[str, Any]:
         """JSON-able description from which `model_from_config` rebuilds the architecture."""
-        return {"arch": self.arch, "num_labels": self.num_labels, "in_channels": self.in_channels}
+        config = {"arch": self.arch, "num_labels": self.num_labels, "in_channels": self.in_channels}
+        if self.norm != "batch":  # configs of BatchNorm models stay as they were recorded
+            config["norm"] = self.norm
+        return config
 
 
-def build_model(arch: str, num_labels: int = 1, in_channels: int = 1) -> DenseNetClassifier:
+def build_model(
+    arch: str, num_labels: int = 1, in_channels: int = 1, norm: str = "batch"
+) -> DenseNetClassifier:
     """A freshly initialised classifier of a named architecture."""
-    return DenseNetClassifier(arch, num_labels, in_channels)
+    return DenseNetClassifier(arch, num_labels, in_channels, norm)
 
 
 def model_from_config(cfg: dict[str, Any]) -> DenseNetClassifier:
@@ -90,7 +125,12 @@ def model_from_config(cfg: dict[str, Any]) -> DenseNetClassifier:
     unknown = [k for k in cfg if k not in _CONFIG_KEYS]
     if missing or unknown:
         raise ValueError(f"bad model config {cfg!r}: missing {missing}, unknown {unknown}")
-    return DenseNetClassifier(cfg["arch"], int(cfg["num_labels"]), int(cfg.get("in_channels", 1)))
+    return DenseNetClassifier(
+        cfg["arch"],
+        int(cfg["num_labels"]),
+        int(cfg.get("in_channels", 1)),
+        str(cfg.get("norm", "batch")),
+    )
 
 
 @dataclass(frozen=True)

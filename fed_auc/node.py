@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ import torch
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
+from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
+from fed_auc.dp_sgd import ExampleDP, PrivateTraining
 from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.losses import build_loss
 from fed_auc.metrics import AUCResult, per_label_auc
@@ -104,6 +107,7 @@ class Node:
         state_in_memory: bool = True,
         augment: str = "none",
         tta: str | None = None,
+        example_dp: ExampleDP | None = None,
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
@@ -139,7 +143,10 @@ class Node:
             personalization.check_backend(backend)
             personalization.setup(self.trainable)
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
-        self.batches = BatchStream(
+        if example_dp is not None and privacy is not None:
+            raise ValueError("choose update-level (privacy) or example-level DP, not both")
+        stream = BatchStream if example_dp is None else PoissonBatches
+        self.batches = stream(
             site.train,
             batch_size,
             seed=seed,
@@ -147,6 +154,9 @@ class Node:
             min_neg_fraction=min_neg_fraction,
             augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
+        self.private_training = None
+        if example_dp is not None:
+            self.private_training = PrivateTraining(example_dp, site.name, self.batches, state_dir)
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
@@ -167,22 +177,32 @@ class Node:
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
+        private = self.private_training
+        if private is not None:
+            private.check_open()  # a site whose budget is spent trains no more
         self._sync_local_state(broadcast)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        if self.personalization is None:
-            reply, self._local_state = self.backend.client_update(
-                broadcast, self._local_state, self.trainable, self.batches
-            )
-        else:
-            reply, self._local_state, self._personal = self.personalization.train(
-                self.backend,
-                broadcast,
-                self._local_state,
-                self._personal,
-                self.trainable,
-                self.batches,
-            )
+        with private.update(self.trainable, broadcast) if private else nullcontext() as log:
+            if self.personalization is None:
+                reply, self._local_state = self.backend.client_update(
+                    broadcast, self._local_state, self.trainable, self.batches
+                )
+            else:
+                reply, self._local_state, self._personal = self.personalization.train(
+                    self.backend,
+                    broadcast,
+                    self._local_state,
+                    self._personal,
+                    self.trainable,
+                    self.batches,
+                )
+        if private is not None:
+            try:  # counted in the site's ledger before it leaves, or not sent at all
+                reply = private.release(reply, broadcast, log)
+            except Exception:
+                self._local_state, self._personal = None, {}  # back to what is on disk
+                raise
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups

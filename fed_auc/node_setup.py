@@ -14,6 +14,7 @@ from typing import Any
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData
+from fed_auc.dp_sgd import ExampleDP
 from fed_auc.node import Node
 from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
@@ -42,6 +43,7 @@ class NodeSetup:
     data_scale: float = 1.0
     dp_clip: float | None = None
     dp_noise: float = 0.0
+    example_dp: dict[str, Any] | None = None  # fed_auc.dp_sgd.ExampleDP's fields
     partial_training: bool = False  # the node trains what its own memory budget allows
     personalize: str | None = None
     personal_lambda: float = 1.0
@@ -84,8 +86,10 @@ def build_node(
     """The node of one site. ``memory_budget`` counts only under partial training;
     ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
     warm model shared by in-process nodes (never with partial training or personal models)."""
-    privacy = None
-    if setup.dp_clip is not None:
+    privacy = example = None
+    if setup.example_dp is not None:
+        example = ExampleDP(**setup.example_dp)
+    elif setup.dp_clip is not None:
         privacy = Privacy(setup.dp_clip, setup.dp_noise, setup.seed)
     augment = augment or setup.augment
     return Node(
@@ -99,6 +103,7 @@ def build_node(
         min_neg_fraction=setup.min_neg_fraction,
         seed=setup.seed * SEED_STRIDE + seed_index,
         privacy=privacy,
+        example_dp=example,
         memory_budget=memory_budget if setup.partial_training else None,
         personalization=setup.personalization(),
         trainable=trainable,

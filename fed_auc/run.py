@@ -205,6 +205,7 @@ def close_run(
     )
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
+    card["privacy"] = privacy_card(config, store.site_rounds(run_id), best.round)
     summary["exported_auc"] = card["global_auc"]
     summary["threshold"] = thresholds
     if exported is not None:
@@ -301,6 +302,36 @@ def _number(value: Any) -> float | None:
 
 def _integer(value: Any) -> int | None:
     return None if value is None or value != value else int(value)
+
+
+def privacy_card(
+    config: ExperimentConfig, site_rounds: pd.DataFrame, selected_round: int
+) -> dict[str, Any] | None:
+    """What the card says about DP: the mode, and for DP-SGD every site's ε (from its own
+    accountant, as the store has it) at the exported round and over the whole run, which is
+    what the coordinator saw."""
+    if config.dp is None and config.dp_clip is None:
+        return None
+    if config.dp != "example":
+        return {"mode": "update", "clip": config.dp_clip, "noise_multiplier": config.dp_noise,
+                "epsilon": None}  # fmt: skip
+    spent = site_rounds.dropna(subset=["dp_epsilon"])
+    by_site = {}
+    for site, rows in spent.groupby("site"):
+        upto = rows[rows["round"] <= selected_round]
+        by_site[site] = {
+            "epsilon_run": float(rows["dp_epsilon"].max()),
+            "epsilon_exported": float(upto["dp_epsilon"].max()) if len(upto) else 0.0,
+        }
+    return {
+        "mode": "example",
+        "clip": config.dp_clip,
+        "noise_multiplier": config.dp_noise or None,
+        "target_epsilon": config.target_epsilon,
+        "delta": config.dp_delta,
+        "accountant": "dp-accounting RDP, Poisson sampling, add/remove one example",
+        "sites": by_site,
+    }
 
 
 def model_card(

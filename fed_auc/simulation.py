@@ -110,7 +110,7 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     sites = [s for s in everyone if s.data.name not in held_out]  # the ones that train
     data = [site.data for site in sites]
     num_labels = common_label_count({s.name: s.label_names for s in data})
-    model = build_model(config.model, num_labels=num_labels)
+    model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
     server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
     store = RunStore(config.runs_dir)
     resuming = run_id is not None

@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS site_rounds (
     bytes_down INTEGER,
     bytes_up INTEGER,
     metrics TEXT,                     -- JSON
+    dp_epsilon REAL,                  -- DP-SGD: the site's ε spent so far (its accountant)
+    dp_delta REAL,                    -- ... at this δ
     PRIMARY KEY (run_id, round, site)
 );
 CREATE TABLE IF NOT EXISTS sites (
@@ -127,6 +129,12 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+# Columns added since a table was first shipped: an older store gets them when opened, so it
+# stays readable and writable (rows written before read NULL there).
+ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "site_rounds": [("dp_epsilon", "REAL"), ("dp_delta", "REAL")],
+}
+
 
 @dataclass
 class SiteRound:
@@ -156,6 +164,8 @@ class SiteRound:
     bytes_down: int | None = None
     bytes_up: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    dp_epsilon: float | None = None  # DP-SGD: ε this site has spent up to this round
+    dp_delta: float | None = None
 
 
 @dataclass
@@ -201,6 +211,7 @@ class RunStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
+            self._add_columns()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(
@@ -210,6 +221,14 @@ class RunStore:
 
     def close(self) -> None:
         self._conn.close()
+
+    def _add_columns(self) -> None:
+        """Bring a store written by an older fed-auc up to this schema (ADDED_COLUMNS)."""
+        for table, columns in ADDED_COLUMNS.items():
+            present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name not in present:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def __enter__(self) -> RunStore:
         return self

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +38,9 @@ class Trainable:
     _frozen: Mapping[str, torch.Tensor] = MappingProxyType({})  # the untrained input side
     _prefix: nn.Module | None = None
     _suffix: nn.Module | None = None
+    # Example-level DP-SGD while a node trains (fed_auc.dp_sgd.PrivateGradients): every
+    # gradient below is then clipped per example and noised; None = plain autograd.
+    private: Any = None
 
     def __init__(self, model: nn.Module, loss: nn.Module) -> None:
         self.model = model
@@ -116,6 +120,21 @@ class Trainable:
         alone, the other labels taken as unknown) instead of the loss of all labels, so the
         chunks of a pass can each be weighted by their share of every label's known rows.
         """
+        if self.private is not None:
+            value, grads = self.private.gradients(self, x, y, label_weights)
+        else:
+            value, grads = self._plain_gradients(x, y, label_weights)
+        if self.grad_scale:  # per-block learning rates: lr · factor for these tensors
+            names = [*self.primal, *self.dual]
+            for i, name in enumerate(names):
+                if name in self.grad_scale:
+                    grads[i] = grads[i] * self.grad_scale[name]
+        n = len(self._primal_list)
+        return value.detach(), grads[:n], grads[n:]
+
+    def _plain_gradients(
+        self, x: torch.Tensor, y: torch.Tensor, label_weights: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         logits = self.forward(x)
         if label_weights is None:
             value = self.loss(logits, y)
@@ -127,14 +146,7 @@ class Trainable:
                 if weight
             ]
             value = torch.stack(terms).sum()
-        grads = list(torch.autograd.grad(value, self._primal_list + self._dual_list))
-        if self.grad_scale:  # per-block learning rates: lr · factor for these tensors
-            names = [*self.primal, *self.dual]
-            for i, name in enumerate(names):
-                if name in self.grad_scale:
-                    grads[i] = grads[i] * self.grad_scale[name]
-        n = len(self._primal_list)
-        return value.detach(), grads[:n], grads[n:]
+        return value, list(torch.autograd.grad(value, self._primal_list + self._dual_list))
 
     def dual_gradients_at(
         self, point: Tensors, x: torch.Tensor, y: torch.Tensor
@@ -145,6 +157,8 @@ class Trainable:
         The network runs on scratch copies of its buffers, so a train-mode forward at the
         snapshot leaves this node's BatchNorm statistics untouched.
         """
+        if self.private is not None:
+            return self.private.dual_gradients_at(self, point, x, y)
         params = {n[len(WEIGHT) :]: t for n, t in point.items() if n.startswith(WEIGHT)}
         scratch = {n: b.clone() for n, b in self.model.named_buffers()}
         with torch.no_grad():  # α's gradient needs the scores, not their graph

@@ -53,6 +53,7 @@ OPTION_SETS = {
     **{name: {"algorithm": name} for name in sorted(ALGORITHMS)},
     "personal_l2": {"personalize": "l2"},
     "dp": {"dp_clip": 1.0, "dp_noise": 0.5},
+    "dp_example": {"dp": "example", "dp_clip": 1.0, "target_epsilon": 8.0},
     "centered_clip": {
         "aggregation": "centered_clip:1",
         "algorithm": "coda_plus",

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.node import Evaluation, Node
 from fed_auc.trainable import Tensors
 from fed_auc.transport.base import NodeFailure
@@ -59,5 +60,7 @@ class LocalTransport:
     def _call(self, site: str, request):
         try:
             return request(self.nodes[site])
+        except BudgetSpent as exc:  # DP-SGD: the site stops training, and says why
+            return NodeFailure(site, "budget_spent", str(exc))
         except Exception as exc:  # a failing node must not stop the federation
             return NodeFailure(site, "error", f"{type(exc).__name__}: {exc}")

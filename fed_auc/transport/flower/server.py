@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
+from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.holdout import TrainingSites, evaluate_export
 from fed_auc.losses import build_loss
@@ -207,8 +208,10 @@ class FlowerTransport:
             site = site_of.get(reply.metadata.src_node_id)
             if site is None:
                 continue
-            if reply.has_error():
-                answers[site] = NodeFailure(site, "error", reply.error.reason)
+            if reply.has_error():  # a DP-SGD site whose budget is spent says so by name
+                spent = f"{BudgetSpent.__name__}: " in reply.error.reason
+                status = "budget_spent" if spent else "error"
+                answers[site] = NodeFailure(site, status, reply.error.reason)
             else:
                 answers[site] = message_frame(reply.content)
         for site in frames:
@@ -308,7 +311,7 @@ def run_experiment(
     try:
         # The nodes register with a provisional setup: registration needs their data and
         # memory budget only; the data-dependent defaults are settled from their answers.
-        model = build_model(config.model, num_labels=config.num_labels)
+        model = build_model(config.model, num_labels=config.num_labels, norm=config.model_norm())
         provisional = config.with_data_kind(True).node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
@@ -326,7 +329,7 @@ def run_experiment(
             {site: r["label_names"] for site, r in registrations.items()}
         )
         torch.manual_seed(config.seed)
-        model = build_model(config.model, num_labels=num_labels)
+        model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
         server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
         setup = config.node_setup(run_id, model.config(), num_labels, settings.expected_sites)
         transport.use(setup)

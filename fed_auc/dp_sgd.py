@@ -1,0 +1,289 @@
+"""Example-level DP-SGD on a node: clipped per-example gradients plus Gaussian noise.
+
+Every local gradient a backend asks for (``Trainable.gradients``, ``dual_gradients_at``)
+becomes, while a node trains with ``dp = "example"``,
+
+    ĝ = ( Σ_i clip_C(g_i) + N(0, σ²C² I) ) / m,     clip_C(g) = g · min(1, C / ‖g‖),
+
+with g_i the gradient of example i's own loss w.r.t. everything trained: the network, a, b
+AND α, clipped jointly as one vector, so example i moves (w, a, b, α) by at most C in total;
+m = the expected batch size (Poisson batches) or the chunk size (full passes). Everything a
+backend does with ĝ (elementwise clip, weight decay, proximal term, control variates,
+momentum, normalization, averaging) is post-processing: no further privacy cost.
+
+Per-example terms of the AUC losses. Given (a, b, α, p), with p the global prevalence (a
+public count), the loss of a batch is the mean over its rows of the loss of the row alone:
+(1−p)(h−a)²·[y=1] + p(h−b)²·[y=0] + 2α(p·h·[y=0] − (1−p)·h·[y=1]) plus α's own terms
+(2αp(1−p)m − p(1−p)α² for AUC-M) that every row carries. So g_i is the gradient of the
+loss of the one-row batch {i} (computed with the loss module itself), including α's
+data-independent part. (With several labels and unknown entries the batch loss divides each
+label by its own known rows; DP-SGD uses the plain mean over rows, which weights a row's
+labels by 1/m instead.) Fed-SGDA's label-weighted full passes are refused here.
+
+Per-example gradients: the network's by ``torch.func.vmap`` over ``grad`` of the row's logit
+times ∂ℓ_i/∂logit (the chain rule, one vmapped backward), the loss's by autograd on each
+one-row loss. BatchNorm mixes the rows of a batch, so DP needs GroupNorm (``models.norm``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.func import functional_call, grad, vmap
+
+from fed_auc.accounting import PrivacyLedger, Step, check_delta, noise_for_epsilon
+from fed_auc.algorithms.base import Broadcast, Reply, validate_positive
+from fed_auc.data.poisson import PoissonBatches
+from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable
+
+DP_MODES = ("update", "example")
+DATA_METRICS = ("train_loss",)  # computed from the raw batches: never sent under DP-SGD
+
+
+class BudgetSpent(RuntimeError):
+    """The site's privacy budget does not allow another release: it stops training."""
+
+
+@dataclass(frozen=True)
+class ExampleDP:
+    """DP-SGD's settings: clip norm C, noise multiplier σ (or a target ε to derive it
+    from), δ, and the steps the calibration plans for (rounds × local steps)."""
+
+    clip: float
+    noise_multiplier: float | None = None
+    delta: float = 1e-5
+    target_epsilon: float | None = None
+    planned_steps: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        validate_positive("dp_clip", self.clip)
+        check_delta(self.delta)
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "dp = 'example' needs exactly one of dp_noise (σ) and target_epsilon (ε), got "
+                f"dp_noise={self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}"
+            )
+        if self.noise_multiplier is not None:
+            validate_positive("dp_noise", self.noise_multiplier)
+        if self.target_epsilon is not None:
+            validate_positive("target_epsilon", self.target_epsilon)
+        if int(self.planned_steps) != self.planned_steps or self.planned_steps < 1:
+            raise ValueError(f"planned_steps must be an integer ≥ 1, got {self.planned_steps!r}")
+
+    def noise_for(self, sample_rate: float) -> float:
+        """σ for a site sampling at ``sample_rate``: the given one, or calibrated so that
+        ``planned_steps`` steps spend ``target_epsilon``."""
+        if self.noise_multiplier is not None:
+            return self.noise_multiplier
+        return noise_for_epsilon(self.target_epsilon, self.delta, sample_rate, self.planned_steps)
+
+
+class DrawLog:
+    """The batches drawn during one local update and how often each was evaluated."""
+
+    def __init__(self, key: str = "") -> None:
+        self.key = key  # the release this update makes (PrivateTraining.release_key)
+        self.draws: list[list[Any]] = []  # [q, normalizer, evaluations, pass id or None]
+
+    def draw(self, q: float, normalizer: float) -> None:
+        self.draws.append([q, normalizer, 0, None])
+
+    def chunk(self, pass_id: int, normalizer: float) -> None:
+        self.draws.append([1.0, normalizer, 0, pass_id])
+
+    def evaluated(self) -> float:
+        """Count one private evaluation on the latest draw; its normalizer m."""
+        if not self.draws:
+            raise RuntimeError("a private gradient on data not drawn by the node's sampler")
+        self.draws[-1][2] += 1
+        return self.draws[-1][1]
+
+    def steps(self, sigma: float) -> list[Step]:
+        """The accountant's steps: a batch evaluated k times is one step at σ/√k; a full
+        pass is one step at q = 1 with k its chunks' most evaluations."""
+        out, passes = [], {}
+        for q, _, k, pass_id in self.draws:
+            if k and pass_id is None:
+                out.append(Step(q, sigma / math.sqrt(k)))
+            elif k:
+                passes[pass_id] = max(passes.get(pass_id, 0), k)
+        out += [Step(1.0, sigma / math.sqrt(k)) for k in passes.values()]
+        return out
+
+
+class PrivateGradients:
+    """The clipped, noised gradients of one local update (set as ``Trainable.private``)."""
+
+    def __init__(self, clip: float, sigma: float, log: DrawLog, generator: torch.Generator):
+        self.clip, self.sigma, self.log, self.generator = clip, sigma, log, generator
+
+    def __deepcopy__(self, memo: dict) -> PrivateGradients:
+        return self  # a copied Trainable (FedSGDA's anchor) shares the log and the noise
+
+    def gradients(
+        self, trainable: Trainable, x: torch.Tensor, y: torch.Tensor, label_weights=None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(batch loss, private gradients of the primal then dual block)."""
+        if label_weights is not None:
+            raise ValueError(
+                "dp = 'example' cannot weight full-pass chunks by label (several labels with "
+                "unknown entries under FedSGDA); use single-label data or another backend"
+            )
+        names = [*trainable.primal, *trainable.dual]
+        value, per_example = per_example_gradients(trainable, x, y, names)
+        return value, self._privatize(per_example)
+
+    def dual_gradients_at(
+        self, trainable: Trainable, point: Tensors, x: torch.Tensor, y: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """α's private gradient with the primal block at ``point`` (Fed-Norm-SGDA+)."""
+        names = list(trainable.dual)
+        _, per_example = per_example_gradients(trainable, x, y, names, point)
+        return self._privatize(per_example)
+
+    def _privatize(self, per_example: list[torch.Tensor]) -> list[torch.Tensor]:
+        normalizer = self.log.evaluated()
+        with torch.no_grad():
+            scale = clip_factors(per_example, self.clip)
+            out = []
+            for g in per_example:
+                summed = torch.einsum("b,b...->...", scale.to(g.dtype), g)
+                noise = torch.randn(summed.shape, generator=self.generator, dtype=summed.dtype)
+                out.append((summed + noise * (self.sigma * self.clip)) / normalizer)
+            return out
+
+
+def clip_factors(per_example: list[torch.Tensor], clip: float) -> torch.Tensor:
+    """min(1, C / ‖g_i‖) per example, ‖g_i‖ over all its tensors jointly."""
+    squares = sum(g.flatten(start_dim=1).double().pow(2).sum(dim=1) for g in per_example)
+    norms = squares.sqrt()
+    return torch.where(norms > clip, clip / norms.clamp(min=1e-300), torch.ones_like(norms))
+
+
+def per_example_gradients(
+    trainable: Trainable,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    names: list[str],
+    point: Tensors | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(mean of the rows' losses, one (B, *shape) gradient per name): row i's gradient is
+    that of the loss of the one-row batch {i}. ``point``: primal values to use instead of
+    the current ones (names ``w/…``, ``auc/…``)."""
+    model, loss = trainable.model, trainable.loss
+    moved = {n: t for n, t in (point or {}).items() if n in trainable.primal}
+    values = {**trainable.primal, **trainable.dual, **moved}
+    weights = {
+        n[len(WEIGHT) :]: values[n].detach() for n in trainable.primal if n.startswith(WEIGHT)
+    }
+    loss_vars = {n[len(AUC) :]: values[n].detach() for n in values if n.startswith(AUC)}
+    rows = len(x)
+    shapes = {n: values[n].shape for n in names}
+    if rows == 0:  # an empty Poisson batch: only noise will be released
+        return torch.zeros(()), [x.new_zeros((0, *shapes[n])) for n in names]
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ValueError(
+            "dp = 'example' needs a model without BatchNorm (it mixes the rows of a batch): "
+            "build it with norm='group'"
+        )
+    with torch.no_grad():
+        logits = functional_call(model, weights, (x,))
+    # The loss of each one-row batch and its gradient w.r.t. the row's logits and (a, b, α).
+    upstream = torch.empty_like(logits)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in loss_vars.items()}
+    loss_grads = {k: torch.empty((rows, *v.shape), dtype=v.dtype) for k, v in leaves.items()}
+    total = torch.zeros((), dtype=logits.dtype)
+    for i in range(rows):
+        row = logits[i : i + 1].clone().requires_grad_(True)
+        value = functional_call(loss, leaves, (row, y[i : i + 1]))
+        found = torch.autograd.grad(value, [row, *leaves.values()], allow_unused=True)
+        upstream[i] = found[0][0]
+        for (k, leaf), g in zip(leaves.items(), found[1:], strict=True):
+            loss_grads[k][i] = g if g is not None else torch.zeros_like(leaf)
+        total += value.detach()
+    wanted = [n[len(WEIGHT) :] for n in names if n.startswith(WEIGHT)]
+    network: dict[str, torch.Tensor] = {}
+    if wanted:
+        trained = {k: weights[k] for k in wanted}
+
+        def weighted_logit(params, xi, ui):
+            return (functional_call(model, params, (xi.unsqueeze(0),))[0] * ui).sum()
+
+        network = vmap(grad(weighted_logit), in_dims=(None, 0, 0))(trained, x, upstream)
+    grads = [
+        network[n[len(WEIGHT) :]] if n.startswith(WEIGHT) else loss_grads[n[len(AUC) :]]
+        for n in names
+    ]
+    return total / rows, grads
+
+
+class PrivateTraining:
+    """A node's DP-SGD: its sampler, σ, ledger and budget; wraps each local update."""
+
+    def __init__(self, dp: ExampleDP, site: str, batches: PoissonBatches, state_dir) -> None:
+        self.dp, self.site, self.batches = dp, site, batches
+        self.sigma = dp.noise_for(batches.sample_rate)
+        self.ledger = PrivacyLedger(state_dir, dp.delta)
+
+    def check_open(self) -> None:
+        """Raise ``BudgetSpent`` if an earlier round found the budget spent."""
+        if self.ledger.spent_at is not None:
+            raise BudgetSpent(
+                f"privacy budget spent at round {self.ledger.spent_at}: ε = "
+                f"{self.ledger.epsilon():.3g} of {self.dp.target_epsilon} (δ = {self.dp.delta}); "
+                "site stopped training"
+            )
+
+    @contextmanager
+    def update(self, trainable: Trainable, broadcast: Broadcast) -> Iterator[DrawLog]:
+        """Private gradients for one ``client_update``; noise seeded by the release's key."""
+        key = self.release_key(broadcast)
+        log = DrawLog(key)
+        generator = torch.Generator().manual_seed(int(key[:16], 16))
+        trainable.private = PrivateGradients(self.dp.clip, self.sigma, log, generator)
+        self.batches.log = log
+        try:
+            yield log
+        finally:
+            trainable.private = None
+            self.batches.log = None
+
+    def release_key(self, broadcast: Broadcast) -> str:
+        """What fixes this release: seed, site, round, phase, broadcast and sampler state."""
+        digest = hashlib.sha256(f"{self.dp.seed}:{self.site}:{broadcast.round}:"
+                                f"{broadcast.phase}".encode())  # fmt: skip
+        for name in sorted(broadcast.tensors):
+            digest.update(name.encode())
+            digest.update(broadcast.tensors[name].detach().contiguous().numpy().tobytes())
+        digest.update(self.batches.state_dict()["generator"].numpy().tobytes())
+        return digest.hexdigest()
+
+    def release(self, reply: Reply, broadcast: Broadcast, log: DrawLog) -> Reply:
+        """Count the release, or refuse it (``BudgetSpent``) if it would pass the target."""
+        steps = [] if log.key in self.ledger else log.steps(self.sigma)  # a repeat is free
+        before = self.ledger.epsilon()
+        after = self.ledger.epsilon(steps) if steps else before
+        if self.dp.target_epsilon is not None and after > self.dp.target_epsilon:
+            self.ledger.mark_spent(broadcast.round)
+            raise BudgetSpent(
+                f"privacy budget spent: this update would take ε from {before:.3g} to "
+                f"{after:.3g} > target {self.dp.target_epsilon} (δ = {self.dp.delta}); it was "
+                f"not sent and the site stops training"
+            )
+        self.ledger.record(log.key, broadcast.round, broadcast.phase, steps, after)
+        metrics = {k: v for k, v in reply.metrics.items() if k not in DATA_METRICS}
+        metrics.update(
+            dp_epsilon=self.ledger.epsilon(),
+            dp_delta=self.dp.delta,
+            dp_noise_multiplier=self.sigma,
+            dp_sample_rate=self.batches.sample_rate,
+        )
+        reply.metrics = metrics
+        return reply
