@@ -80,6 +80,7 @@ def warm_start(
         seed=config.seed,
         pooled_scoring=pooled_scoring,
         personal=personal,
+        secure=secure_aggregation(config),  # the warm-up's replies are as private
     )
     try:
         coordinator.run(config.warmup_rounds)
@@ -89,6 +90,15 @@ def warm_start(
     store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
     tensors = backend.global_tensors(coordinator.state)
     return {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
+
+
+def secure_aggregation(config: ExperimentConfig):
+    """The run's ``SecureAggregation`` settings, or None when it is off."""
+    if not config.secure_aggregation:
+        return None
+    from fed_auc.secure_aggregation.rounds import SecureAggregation
+
+    return SecureAggregation(config.secure_aggregation_threshold)
 
 
 def start_coordinator(
@@ -118,6 +128,7 @@ def start_coordinator(
         personal=personal,
         max_update_norm=config.max_update_norm,
         aggregation=Aggregation.parse(config.aggregation),
+        secure=secure_aggregation(config),
         eval_every=config.eval_every,
     )
 

@@ -14,8 +14,10 @@ import torch
 from scipy import stats
 
 from fed_auc.algorithms.base import Reply
-from fed_auc.secure_aggregation import SecureAggregationError, SecureClient, SecureServer
+from fed_auc.secure_aggregation.client import SecureClient
 from fed_auc.secure_aggregation.encoding import Entry, encode_reply, from_field, to_field
+from fed_auc.secure_aggregation.messages import SecureAggregationError
+from fed_auc.secure_aggregation.server import SecureServer
 
 
 def clients(sites, seed=0):

@@ -72,6 +72,7 @@ from fed_auc.algorithms.base import (
     LocalState,
     Reply,
     ReplyLayout,
+    SecureTotal,
     ServerState,
     model_part,
     prefixed,
@@ -247,6 +248,20 @@ class _FedSGDA(Backend):
             **state,
             "round": state["round"] + 1,
             "model": model,
+            "previous": _variables(state["model"]),
+        }
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """Both phases are weighted means (per variable over its senders): from sums."""
+        if phase == "collect":
+            previous = total.mean(GRADIENT_PREVIOUS) if self.uses_previous else None
+            return {**state, "estimate": self.estimate(state, total.mean(GRADIENT), previous)}
+        return {
+            **state,
+            "round": state["round"] + 1,
+            "model": {**state["model"], **total.mean()},
             "previous": _variables(state["model"]),
         }
 

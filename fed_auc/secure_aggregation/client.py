@@ -7,16 +7,21 @@ session: revealing a dropped site's mask key in one round reveals nothing of ano
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from cryptography.exceptions import InvalidTag
 
+from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.secure_aggregation import crypto
+from fed_auc.secure_aggregation.encoding import MASKED, encode_reply, vector_layout
 from fed_auc.secure_aggregation.messages import (
+    CONFIG_KEY,
     SecureAggregationError,
     associated,
     b64,
@@ -128,6 +133,22 @@ class SecureClient:
             out[site] = b64(sealed)
         session.stage = "shared"
         return {"shares": out}
+
+    def masked_reply(self, reply: Reply, broadcast: Broadcast, backend: Backend) -> Reply:
+        """The reply as it leaves under secure aggregation: its counts and metrics, and one
+        masked vector of everything the server sums (with what ``complete_reply`` adds, which
+        the server can no longer derive from this reply alone)."""
+        config = broadcast.config[CONFIG_KEY]
+        where = f"site {self.site!r}, mask"
+        weight = require(config, "weight", float, where)
+        excluded = require(config, "excluded", list, where)
+        shares = require(config, "shares", dict, where)
+        completed = backend.complete_reply(reply, broadcast)
+        layout = vector_layout(backend, broadcast, excluded)
+        words = encode_reply(completed, layout, weight, participants=len(shares) + 1)
+        masked = self.mask(words, config)
+        vector = torch.from_numpy(masked.view(np.int64))
+        return dataclasses.replace(reply, tensors={MASKED: vector})
 
     def mask(self, words: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
         """``words`` (the encoded reply, uint64) + PRG(b) + Σ_j ±PRG(s_ij) mod 2^64, over the
