@@ -142,7 +142,8 @@ class SecurePhase:
             if site not in messages:
                 continue
             if isinstance(answer, NodeFailure):
-                rows[site].status = answer.status
+                if step != "unmask":  # after unmask's request its reply is in the sum
+                    rows[site].status = answer.status
                 record.events.append(
                     (site, "error", f"{phase}: secure aggregation {step}: {answer.status}: "
                      f"{answer.message}")
