@@ -15,6 +15,7 @@ from fed_auc.experiment import ExperimentConfig
 from fed_auc.node import Node
 from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
+from tests.test_dashboard import open_page, texts
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
 
@@ -125,10 +126,14 @@ def test_options_that_need_single_replies_are_refused_by_name(options, refusal):
         ExperimentConfig(**SMALL, secure_aggregation_threshold=2)
 
 
-def test_the_cli_flag_turns_it_on(tmp_path, capsys):
+def test_the_cli_flag_turns_it_on_and_the_dashboard_says_why_drift_is_missing(
+    tmp_path, monkeypatch
+):
     config = tmp_path / "small.toml"
     config.write_text("sites = 3\nrounds = 1\nlocal_steps = 1\ndata_scale = 0.15\n")
     main(["simulate", "--config", str(config), "--runs-dir", str(tmp_path), "--secure-aggregation"])
     with RunStore(tmp_path) as store:
         run = store.run(store.runs().iloc[0]["id"])
         assert run["config"]["secure_aggregation"] is True
+    page = open_page(monkeypatch, tmp_path, "heterogeneity", run["id"])
+    assert "unavailable for this run: under secure aggregation" in texts(page)

@@ -63,6 +63,11 @@ def body(data: RunData) -> None:
         cols = st.columns(2)
         cols[0].altair_chart(_line(trained, "drift", "‖Δw_k − mean Δw‖"), width="stretch")
         cols[1].altair_chart(_line(trained, "cosine", "cos(Δw_k, mean Δw)"), width="stretch")
+    elif (data.run["config"] or {}).get("secure_aggregation"):
+        st.info(
+            "Update drift and cosine are unavailable for this run: under secure aggregation "
+            "the coordinator sees only the sum of the sites' updates, never one site's."
+        )
     else:
         st.info("No update signals recorded yet (no trained round).")
     steps = trained.dropna(subset=["steps"])
