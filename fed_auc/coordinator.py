@@ -125,28 +125,12 @@ class Coordinator:
         # checkpoints and update signals, computed while the sites evaluate
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
         self._checkpoint: Future[None] | None = None
-        self._secure = None
+        self._secure = None  # secure aggregation's runner, after its refusals by name
         if secure is not None:
-            self._secure = self._secure_phase_runner(secure)
+            from fed_auc.secure_aggregation.rounds import SecurePhase, refuse_options
 
-    def _secure_phase_runner(self, secure: Any) -> Any:
-        """Secure aggregation's runner, after refusing by name what needs single replies."""
-        from fed_auc.secure_aggregation.rounds import REFUSED_OPTIONS, SecurePhase
-
-        if self.aggregation.method != "mean":
-            raise ValueError(
-                f"aggregation {self.aggregation.method!r} cannot be used with "
-                f"secure_aggregation: {REFUSED_OPTIONS['aggregation']}"
-            )
-        if self.max_update_norm is not None:
-            raise ValueError(
-                "max_update_norm cannot be used with secure_aggregation: "
-                + REFUSED_OPTIONS["max_update_norm"]
-            )
-        secure.check_backend(self.backend)
-        return SecurePhase(
-            secure, self.backend, self.transport, self.registrations, self.personal, self.run_id
-        )
+            refuse_options(self.aggregation.method, max_update_norm, backend)
+            self._secure = SecurePhase(secure, backend, transport, registrations, personal, run_id)
 
     # -- the loop -----------------------------------------------------------------------
     def run(

@@ -272,20 +272,10 @@ class ExperimentConfig:
             if self.secure_aggregation_threshold is not None:
                 raise ValueError("secure_aggregation_threshold needs secure_aggregation")
             return
-        from fed_auc.secure_aggregation.rounds import REFUSED_OPTIONS, SecureAggregation
+        from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
 
         settings = SecureAggregation(self.secure_aggregation_threshold)
-        settings.check_backend(backend)
-        if Aggregation.parse(self.aggregation).method != "mean":
-            raise ValueError(
-                f"aggregation {self.aggregation!r} cannot be used with secure_aggregation: "
-                f"{REFUSED_OPTIONS['aggregation']}"
-            )
-        if self.max_update_norm is not None:
-            raise ValueError(
-                "max_update_norm cannot be used with secure_aggregation: "
-                + REFUSED_OPTIONS["max_update_norm"]
-            )
+        refuse_options(self.aggregation, self.max_update_norm, backend)
         if self.transport != "local":
             return  # the sites are known once they register (the coordinator checks)
         phases = [backend.phase_participation(p) or self.participation for p in backend.phases]

@@ -57,6 +57,17 @@ def test_a_secure_run_trains_the_plain_runs_model_and_records_no_per_site_signal
     assert spent["down"] > 0 and spent["up"] > 0  # keys and shares, beside the vector
 
 
+def test_weak_sites_and_personal_heads_under_secure_aggregation(tmp_path):
+    """Partial training (per-tensor trainer weights summed) and personal heads (never
+    masked, never sent) give the plain run's model."""
+    options = {"sites": 3, "rounds": 1, "partial_training": True, "personalize": "head"}
+    plain, _, _ = simulate(tmp_path, "plain", **options)
+    secure, rows, _ = simulate(tmp_path, "secure", secure_aggregation=True, **options)
+    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    groups = rows[rows["round"] == 1]["trained_groups"].map(json.loads).map(len)
+    assert groups.nunique() > 1  # some site trained a suffix only
+
+
 def _failing(monkeypatch, method, site, when):
     original = getattr(Node, method)
 

@@ -40,6 +40,21 @@ REFUSED_OPTIONS = {
 }
 
 
+def refuse_options(aggregation: str, max_update_norm: float | None, backend: Backend) -> None:
+    """Refuse, by name and with the reason, what needs one site's reply."""
+    if aggregation != "mean":
+        raise ValueError(
+            f"aggregation {aggregation!r} cannot be used with secure_aggregation: "
+            f"{REFUSED_OPTIONS['aggregation']}"
+        )
+    if max_update_norm is not None:
+        raise ValueError(
+            f"max_update_norm cannot be used with secure_aggregation: "
+            f"{REFUSED_OPTIONS['max_update_norm']}"
+        )
+    SecureAggregation.check_backend(backend)
+
+
 @dataclass(frozen=True)
 class SecureAggregation:
     """Secure aggregation of every phase: ``threshold`` = sites needed to unmask a sum
@@ -176,4 +191,10 @@ def _size(message: Any) -> int:
     return len(json.dumps(message).encode())
 
 
-__all__ = ["REFUSED_OPTIONS", "SecureAggregation", "SecureAggregationError", "SecurePhase"]
+__all__ = [
+    "REFUSED_OPTIONS",
+    "SecureAggregation",
+    "SecureAggregationError",
+    "SecurePhase",
+    "refuse_options",
+]
