@@ -272,7 +272,13 @@ class ExperimentConfig:
             if self.secure_aggregation_threshold is not None:
                 raise ValueError("secure_aggregation_threshold needs secure_aggregation")
             return
-        from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
+        try:
+            from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
+        except ImportError as exc:
+            raise ValueError(
+                f"secure_aggregation needs the cryptography and flwr packages ({exc}): "
+                "pip install 'fed-auc[secure-aggregation]'"
+            ) from None
 
         settings = SecureAggregation(self.secure_aggregation_threshold)
         refuse_options(self.aggregation, self.max_update_norm, backend)
