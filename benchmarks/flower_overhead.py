@@ -279,6 +279,9 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, help="keep logs and stores here (default: temp)")
     parser.add_argument("--transports", default="in-process,flower,naive", help="which to run")
     parser.add_argument("--markdown", type=Path, help="write the result table here (Markdown)")
+    parser.add_argument(
+        "--secure-aggregation", action="store_true", help="the runs use secure aggregation"
+    )
     args = parser.parse_args()
     if args.quick:
         args.model = "tiny"
@@ -292,6 +295,7 @@ def main() -> None:
         "image_size": args.image_size,
         "data_scale": args.data_scale,
         "seed": args.seed,
+        "secure_aggregation": args.secure_aggregation,
     }
     with tempfile.TemporaryDirectory() as tmp:
         results = measure(options, args.transports.split(","), args.work_dir or Path(tmp))
@@ -305,7 +309,8 @@ def main() -> None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(
             f"`{command}`\n\n{machine(args.threads)}; seed {args.seed}; "
-            f"CODASCA, {args.model} at {args.image_size} px, 3 sites ({', '.join(SITES)}), "
+            f"CODASCA{' with secure aggregation' if args.secure_aggregation else ''}, "
+            f"{args.model} at {args.image_size} px, 3 sites ({', '.join(SITES)}), "
             f"I = {args.local_steps}, data_scale {args.data_scale}, {args.rounds} rounds.\n\n"
             f"{text}\n\n{LEGEND}\n"
         )

@@ -48,6 +48,7 @@ BENCHMARKS = (
     Benchmark("libauc_compare", "libauc_compare.py"),
     Benchmark("throughput", "throughput.py"),
     Benchmark("flower_overhead", "flower_overhead.py"),
+    Benchmark("secure_aggregation", "secure_aggregation.py"),
     Benchmark("partial_and_personal", "partial_and_personal.py", ("memory", "partial", "personal")),
     Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),

@@ -136,6 +136,18 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="the network's normalization (default: group with --dp example, else batch)",
     )
     p.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        default=None,
+        help="secure aggregation: the coordinator learns only the sum of the sampled sites' "
+        "masked replies (refuses --aggregation centered_clip and --max-update-norm)",
+    )
+    p.add_argument(
+        "--secure-aggregation-threshold",
+        type=int,
+        help="sites needed to unmask a sum (default: a majority of the sampled sites, ≥ 2)",
+    )
+    p.add_argument(
         "--resume",
         metavar="RUN_ID",
         help="continue an interrupted run from its last recorded round (its recorded options)",

@@ -32,6 +32,7 @@ from fed_auc.metrics import mean_auc, per_label_auc
 from fed_auc.node import Evaluation
 from fed_auc.partial import model_groups
 from fed_auc.robust import Aggregation
+from fed_auc.secure_aggregation.messages import SecureAggregationError
 from fed_auc.store import RoundRecord, RunStore, SiteRound
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
@@ -89,7 +90,10 @@ class Coordinator:
         aggregation: Aggregation | None = None,
         personal: Collection[str] = (),
         eval_every: int = 1,
+        secure: Any = None,
     ) -> None:
+        """``secure``: a ``SecureAggregation`` (fed_auc.secure_aggregation.rounds): the
+        coordinator then learns only sums of the sites' replies."""
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
         if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
@@ -126,6 +130,12 @@ class Coordinator:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
         self._checkpoint: Future[None] | None = None
         self.privacy: dict[str, tuple[float, float]] = {}  # site: last reported (ε, δ)
+        self._secure = None  # secure aggregation's runner, after its refusals by name
+        if secure is not None:
+            from fed_auc.secure_aggregation.rounds import SecurePhase, refuse_options
+
+            refuse_options(self.aggregation.method, max_update_norm, backend)
+            self._secure = SecurePhase(secure, backend, transport, registrations, personal, run_id)
 
     # -- the loop -----------------------------------------------------------------------
     def run(
@@ -192,12 +202,15 @@ class Coordinator:
             record.stage = broadcast.config.get("stage", record.stage)
             record.lr = broadcast.config.get("lr", record.lr)
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
+            if self._secure is not None:  # only sums reach the server: no per-site signals
+                valid = self._secure_round(phase, requests, rows, record)
+                kept.update({reply.site: [round_, index] for reply in valid})
+                continue
             answers = self.transport.train(requests)
             valid = self._screen(phase, answers, requests, rows, record)
             kept.update({reply.site: [round_, index] for reply in valid})
             if not valid:  # keep what the nodes said before giving up
-                for site, level, message in record.events:
-                    self.store.add_event(self.run_id, message, level, site, record.round)
+                self._record_events(record)
                 if all(rows[s].status == "budget_spent" for s in selected):
                     raise BudgetsSpent(
                         f"round {round_ + 1}: every site asked ({selected}) has spent its "
@@ -229,6 +242,30 @@ class Coordinator:
         self._finish_round(record, rows, kept)
         return record
 
+    def _secure_round(
+        self,
+        phase: str,
+        requests: Mapping[str, Broadcast],
+        rows: dict[str, SiteRound],
+        record: RoundRecord,
+    ) -> list[Reply]:
+        """One phase under secure aggregation: the state from the sum; the replies in it."""
+
+        def screen(answers, masked_requests, length: int) -> list[Reply]:
+            return self._screen(phase, answers, masked_requests, rows, record, length)
+
+        try:
+            self.state, valid = self._secure.run(self.state, requests, rows, record, screen)
+        except SecureAggregationError as exc:
+            self._record_events(record)
+            raise FederationError(f"round {record.round}, phase {phase!r}: {exc}") from exc
+        return valid
+
+    def _record_events(self, record: RoundRecord) -> None:
+        """Keep what the nodes said in a round that fails, before giving up."""
+        for site, level, message in record.events:
+            self.store.add_event(self.run_id, message, level, site, record.round)
+
     # -- steps --------------------------------------------------------------------------
     def _request_for(
         self, site: str, broadcast: Broadcast, kept: Mapping[str, list[int]]
@@ -258,8 +295,10 @@ class Coordinator:
         requests: Mapping[str, Broadcast],
         rows: dict[str, SiteRound],
         record: RoundRecord,
+        masked_length: int | None = None,
     ) -> list[Reply]:
-        """Validate every answer; record failures and rejections as events, keep the rest."""
+        """Validate every answer; record failures and rejections as events, keep the rest.
+        ``masked_length``: secure aggregation's masked vectors (only their form is checked)."""
         layout = self.backend.reply_layout(phase)
         valid = []
         for site, answer in answers.items():
@@ -287,6 +326,7 @@ class Coordinator:
                     self.personal,
                     backend=self.backend,
                     registered_examples=int(self.registrations[site]["n"]),
+                    masked_length=masked_length,
                 )
             except InvalidReply as exc:
                 row.status = "rejected"

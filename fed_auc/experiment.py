@@ -142,6 +142,11 @@ class ExperimentConfig:
     # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch),
     # else batch. Giving group without DP measures what GroupNorm alone costs.
     norm: str | None = None
+    # Secure aggregation (fed_auc.secure_aggregation): the coordinator learns only the sums of
+    # the sampled sites' masked replies; a sum needs `secure_aggregation_threshold` sites (None:
+    # a majority of the sampled sites, at least 2). Refuses options that need single replies.
+    secure_aggregation: bool = False
+    secure_aggregation_threshold: int | None = None
     runs_dir: str = "runs"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
@@ -285,6 +290,35 @@ class ExperimentConfig:
         if self.dp != "example" and self.dp_clip is not None and backend.refuses_update_dp:
             raise ValueError(
                 f"dp_clip cannot be used with {self.algorithm!r}: {backend.refuses_update_dp}"
+            )
+        self._check_secure_aggregation(backend)
+
+    def _check_secure_aggregation(self, backend) -> None:
+        """Refuse, by name and with the reason, what secure aggregation cannot do."""
+        if not self.secure_aggregation:
+            if self.secure_aggregation_threshold is not None:
+                raise ValueError("secure_aggregation_threshold needs secure_aggregation")
+            return
+        try:
+            from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
+        except ImportError as exc:
+            raise ValueError(
+                f"secure_aggregation needs the cryptography and flwr packages ({exc}): "
+                "pip install 'fed-auc[secure-aggregation]'"
+            ) from None
+
+        settings = SecureAggregation(self.secure_aggregation_threshold)
+        refuse_options(self.aggregation, self.max_update_norm, backend)
+        if self.transport != "local":
+            return  # the sites are known once they register (the coordinator checks)
+        phases = [backend.phase_participation(p) or self.participation for p in backend.phases]
+        sampled = min(max(1, math.ceil(f * self.sites)) for f in phases)
+        threshold = settings.threshold_for([""] * sampled)
+        if sampled < 2 or threshold > sampled:
+            raise ValueError(
+                f"secure_aggregation needs at least 2 sampled sites and a threshold no larger "
+                f"than them: {sampled} of {self.sites} sites are sampled (participation "
+                f"{self.participation}), threshold {threshold}"
             )
 
     def _check_dp(self) -> None:

@@ -42,6 +42,7 @@ from fed_auc.partial import choose_groups, memory_table, parse_budget
 from fed_auc.personal import Personalization
 from fed_auc.privacy import Privacy
 from fed_auc.roc import per_label_roc
+from fed_auc.secure_aggregation.messages import CONFIG_KEY
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.tta import check_tta, default_tta, predict
 
@@ -160,6 +161,7 @@ class Node:
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
+        self._secure = None  # this site's side of secure aggregation, made when first asked
 
     @property
     def name(self) -> str:
@@ -211,6 +213,8 @@ class Node:
             sent = self.privacy.privatize(reply, broadcast, self.name, blocks)
             self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
             reply = sent
+        if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves
+            reply = self._client().masked_reply(reply, broadcast, self.backend)
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
         state = {
             "tag": self._pending_tag,
@@ -223,6 +227,17 @@ class Node:
         if not self.state_in_memory:  # read back from the pending file when next asked
             self._local_state, self._personal = None, {}
         return reply
+
+    def secure_step(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Answer a step of secure aggregation (``fed_auc.secure_aggregation``)."""
+        return self._client().handle(step, message)
+
+    def _client(self):
+        if self._secure is None:  # the cryptography libraries load only when asked for
+            from fed_auc.secure_aggregation.client import SecureClient
+
+            self._secure = SecureClient(self.name)
+        return self._secure
 
     def _sync_local_state(self, broadcast: Broadcast) -> None:
         """Promote, continue from or discard the pending state, as the request says."""

@@ -82,6 +82,7 @@ def warm_start(
         seed=config.seed,
         pooled_scoring=pooled_scoring,
         personal=personal,
+        secure=secure_aggregation(config),  # the warm-up's replies are as private
     )
     try:
         coordinator.run(config.warmup_rounds)
@@ -106,6 +107,15 @@ def reset_classifier(tensors: Tensors, model: DenseNetClassifier) -> Tensors:
         if group_of(key) == "classifier":
             out[name] = initial[key]
     return out
+
+
+def secure_aggregation(config: ExperimentConfig):
+    """The run's ``SecureAggregation`` settings, or None when it is off."""
+    if not config.secure_aggregation:
+        return None
+    from fed_auc.secure_aggregation.rounds import SecureAggregation
+
+    return SecureAggregation(config.secure_aggregation_threshold)
 
 
 def start_coordinator(
@@ -135,6 +145,7 @@ def start_coordinator(
         personal=personal,
         max_update_norm=config.max_update_norm,
         aggregation=Aggregation.parse(config.aggregation),
+        secure=secure_aggregation(config),
         eval_every=config.eval_every,
     )
 

@@ -27,6 +27,7 @@ from fed_auc.algorithms.base import (
     model_part,
 )
 from fed_auc.partial import trained_part
+from fed_auc.secure_aggregation.encoding import MASKED
 from fed_auc.trainable import BUFFER, Tensors
 from fed_auc.transport.base import payload_bytes
 
@@ -53,8 +54,12 @@ def validate_answer(
     personal: Collection[str] = (),
     backend: Backend | None = None,
     registered_examples: int | None = None,
+    masked_length: int | None = None,
 ) -> None:
     """Everything the coordinator checks before a node's answer may be aggregated.
+
+    Under secure aggregation (``masked_length``: the masked vector's length) the values are
+    masked: only the envelope, the vector's form and the counts can be checked.
 
     The envelope first (it is a reply, from the site that was asked, to this round and phase,
     no bigger than the layout allows), then the tensors (``validate_reply``), then its counts
@@ -72,21 +77,27 @@ def validate_answer(
             f"but round {request.round} phase {request.phase!r} was asked"
         )
     model = model_part(request.tensors)
-    limit = payload_size(expected_tensors(model, layout))
+    if masked_length is None:
+        limit = payload_size(expected_tensors(model, layout))
+    else:
+        limit = 8 * masked_length
     size = payload_size(reply.tensors)
     if size is None or size > limit:
         raise InvalidReply(
             f"reply from site {site!r}: oversized or malformed payload ({size} bytes; "
             f"this phase's layout is {limit} bytes)"
         )
-    validate_reply(reply, model, layout, personal)
+    if masked_length is None:
+        validate_reply(reply, model, layout, personal)
+    else:
+        validate_masked(reply, model, masked_length)
     validate_counts(reply, request, registered_examples)
     if backend is not None:
         try:
             backend.check_reply(reply, request)
         except ValueError as exc:
             raise InvalidReply(f"reply from site {site!r}: {exc}") from None
-    if max_update_norm is not None:
+    if max_update_norm is not None and masked_length is None:
         if backend is not None:
             norm = backend.update_norm(reply, request)
         else:
@@ -154,15 +165,7 @@ def validate_reply(
         except ValueError as exc:
             raise InvalidReply(f"{where}: {exc}") from None
     model = {n: t for n, t in model.items() if n not in personal}
-    if not isinstance(reply.num_examples, int) or reply.num_examples < 1:
-        raise InvalidReply(
-            f"{where}: num_examples must be a positive integer, got {reply.num_examples!r}"
-        )
-    if not isinstance(reply.steps, int) or reply.steps < 0:
-        raise InvalidReply(f"{where}: steps must be an integer ≥ 0, got {reply.steps!r}")
-    for key, value in reply.metrics.items():
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            raise InvalidReply(f"{where}: metric {key!r} is {value!r}")
+    _check_counts(where, reply)
     expected = expected_tensors(model, layout)
     missing = sorted(set(expected) - set(reply.tensors))
     if missing:
@@ -174,6 +177,36 @@ def validate_reply(
     for name, tensor in reply.tensors.items():
         _check_tensor(where, name, tensor, expected[name])
     _check_finite(where, reply.tensors)
+
+
+def validate_masked(reply: Reply, model: Tensors, length: int) -> None:
+    """A masked reply: its counts, metrics and trained groups, and exactly one int64 vector of
+    ``length`` words (``fed_auc.secure_aggregation``); its values are uniform noise here."""
+    where = f"reply from site {reply.site!r}"
+    if reply.trained_groups is not None:
+        try:
+            trained_part(model, reply.trained_groups)
+        except ValueError as exc:
+            raise InvalidReply(f"{where}: {exc}") from None
+    _check_counts(where, reply)
+    if set(reply.tensors) != {MASKED}:
+        raise InvalidReply(
+            f"{where}: under secure aggregation a reply carries only {MASKED!r}, got "
+            f"{sorted(reply.tensors)[:3]}"
+        )
+    _check_tensor(where, MASKED, reply.tensors[MASKED], torch.zeros(length, dtype=torch.int64))
+
+
+def _check_counts(where: str, reply: Reply) -> None:
+    if not isinstance(reply.num_examples, int) or reply.num_examples < 1:
+        raise InvalidReply(
+            f"{where}: num_examples must be a positive integer, got {reply.num_examples!r}"
+        )
+    if not isinstance(reply.steps, int) or reply.steps < 0:
+        raise InvalidReply(f"{where}: steps must be an integer ≥ 0, got {reply.steps!r}")
+    for key, value in reply.metrics.items():
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidReply(f"{where}: metric {key!r} is {value!r}")
 
 
 def _check_finite(where: str, tensors: Tensors) -> None:

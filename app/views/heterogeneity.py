@@ -69,6 +69,11 @@ def body(data: RunData) -> None:
         cols[1].altair_chart(
             _line(trained, "cosine", "cos(Δw_k, mean Δw) (unitless)"), width="stretch"
         )
+    elif (data.run["config"] or {}).get("secure_aggregation"):
+        st.info(
+            "Update drift and cosine are unavailable for this run: under secure aggregation "
+            "the coordinator sees only the sum of the sites' updates, never one site's."
+        )
     else:
         st.info("No update signals recorded yet (no trained round).")
     steps = trained.dropna(subset=["steps"])

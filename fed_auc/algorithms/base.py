@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Protocol
@@ -117,6 +117,19 @@ def validate_positive(name: str, value: float, *, allow_zero: bool = False) -> N
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
+class SecureTotal(Protocol):
+    """What secure aggregation reveals (``fed_auc.secure_aggregation.encoding.SecureSum``)."""
+
+    sites: tuple[str, ...]
+    sums: Tensors
+
+    def mean(self, prefix: str = "", names: Collection[str] | None = None) -> Tensors: ...
+
+    def total(self, name: str) -> torch.Tensor: ...
+
+    def total_weight(self, name: str | None = None) -> float: ...
+
+
 class Backend(ABC):
     """A federated training algorithm. Subclasses keep their hyperparameters as attributes."""
 
@@ -218,6 +231,24 @@ class Backend(ABC):
     def reply_layout(self, phase: str = "train") -> ReplyLayout:
         """What a valid reply of ``phase`` carries (checked before ``aggregate``)."""
         return ReplyLayout()
+
+    def secure_layout(self, phase: str = "train") -> ReplyLayout:
+        """What a node sums under secure aggregation: its reply's layout plus what the server
+        would otherwise derive from the reply (``complete_reply``), which the node computes."""
+        return self.reply_layout(phase)
+
+    def site_weight(self, num_examples: int) -> float:
+        """w_k of a site in the server's weighted means: 1 (uniform) or its examples. Under
+        secure aggregation it is public (the site's registered n), so the node scales by it."""
+        return 1.0 if self.site_weighting == "uniform" else float(num_examples)
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """``aggregate`` from sums only (secure aggregation): ``total`` holds Σ_k w_k x_k per
+        tensor, Σ w_k over the sites that sent it, and the sites summed. A backend whose
+        aggregate needs one reply's values cannot run under secure aggregation."""
+        raise NotImplementedError(f"{self.name!r} does not aggregate from sums")
 
     def complete_reply(self, reply: Reply, broadcast: Broadcast) -> Reply:
         """The reply with what the server can derive from it and the ``broadcast`` it answers

@@ -33,6 +33,7 @@ from fed_auc.algorithms.base import (
     LocalState,
     Reply,
     ReplyLayout,
+    SecureTotal,
     ServerState,
     model_part,
     prefixed,
@@ -89,11 +90,26 @@ class CODAPlus(Backend):
         weights = site_weights(replies, self.site_weighting)
         # communication round: v, α ← (1/K) Σ_k v^k, α^k   (Algorithm 2)
         averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        round_mean = None
+        if self.stage_output == "average":
+            round_mean = weighted_mean([unprefixed(MEAN, r.tensors) for r in replies], weights)
+        return self._advance(state, averaged, round_mean)
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """The same means (iterates, and the mean iterates for ``"average"``) from sums."""
+        round_mean = total.mean(MEAN) if self.stage_output == "average" else None
+        return self._advance(state, total.mean(), round_mean)
+
+    def _advance(
+        self, state: ServerState, averaged: Tensors, round_mean: Tensors | None
+    ) -> ServerState:
+        """The round's new model from the sites' mean iterate (and mean of iterates)."""
         previous = state["model"]
         model = {**previous, **averaged}  # a tensor nobody trained keeps its value
         state = {**state, "round": state["round"] + 1, "model": model}
-        if self.stage_output == "average":
-            round_mean = weighted_mean([unprefixed(MEAN, r.tensors) for r in replies], weights)
+        if round_mean is not None:
             for name, value in previous.items():  # nobody trained it: constant all round
                 if not name.startswith(BUFFER):
                     round_mean.setdefault(name, value)

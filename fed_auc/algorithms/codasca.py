@@ -55,6 +55,7 @@ from fed_auc.algorithms.base import (
     LocalState,
     Reply,
     ReplyLayout,
+    SecureTotal,
     ServerState,
     model_part,
     prefixed,
@@ -187,6 +188,28 @@ class CODASCA(Backend):
     ) -> ServerState:
         weights = site_weights(replies, self.site_weighting)
         averaged = weighted_mean([model_part(r.tensors) for r in replies], weights)
+        return self._advance(state, averaged, self._control(state, replies))
+
+    def secure_layout(self, phase: str = "train") -> ReplyLayout:
+        """The iterates and Δc^k: under secure aggregation the node computes Δc^k (it
+        cannot be derived from a sum of iterates) and masks it with them."""
+        return ReplyLayout(prefixes=("", CONTROL_DELTA))
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """The mean iterate and c ← c + Σ_k π_k Δc^k / Σ_j π_j from the sums alone."""
+        sums = {}
+        for name, c in state["control"].items():
+            key = CONTROL_DELTA + name
+            if key in total.sums and total.total_weight(key) > 0:
+                sums[name] = total.total(key).to(c.dtype)
+        weight = dict(state.get("site_weight") or {})
+        groups = dict(state.get("site_groups") or {})
+        return self._advance(state, total.mean(), self._apply_control(state, sums, weight, groups))
+
+    def _advance(self, state: ServerState, averaged: Tensors, control: Tensors) -> ServerState:
+        """The round's new state from the mean iterate and the new control variates."""
         previous = state["model"]
         model = {**previous, **averaged}  # buffers: plain average; η_g = 1: v_r = the average
         if self.eta_g != 1:  # v_r = v_{r−1} + η_g (mean_k v^k_{r,I} − v_{r−1})
@@ -194,7 +217,6 @@ class CODASCA(Backend):
                 model[name] = previous[name] + self.eta_g * (averaged[name] - previous[name])
         if state["dual_min"] is not None and ALPHA in model:
             model[ALPHA] = model[ALPHA].clamp(min=state["dual_min"])
-        control = self._control(state, replies)
         state = {**state, "round": state["round"] + 1, "model": model, "control": control}
         state["stage_rounds"] += 1
         if self.stage_output == "random_round" and self._keep(state):
@@ -214,15 +236,29 @@ class CODASCA(Backend):
             if r.site not in weight:
                 weight[r.site] = float(r.num_examples) if examples else 1.0
                 groups[r.site] = r.trained_groups
-        control = {}
-        for name, c in state["control"].items():
+        sums = {}
+        for name in state["control"]:
             key = CONTROL_DELTA + name
             held = [(weight[r.site], r.tensors[key]) for r in replies if key in r.tensors]
-            if not held:
+            if held:
+                sums[name] = sum(w * delta for w, delta in held)
+        return self._apply_control(state, sums, weight, groups)
+
+    @staticmethod
+    def _apply_control(
+        state: ServerState,
+        sums: Tensors,
+        weight: Mapping[str, float],
+        groups: Mapping[str, Sequence[str] | None],
+    ) -> Tensors:
+        """c + Σ_k π_k Δc^k / Σ_j π_j for the tensors in ``sums``; the others keep c."""
+        control = {}
+        for name, c in state["control"].items():
+            if name not in sums:
                 control[name] = c
                 continue
             total = sum(w for site, w in weight.items() if _trains(name, groups.get(site)))
-            control[name] = c + sum(w * delta for w, delta in held) / total
+            control[name] = c + sums[name] / total
         return control
 
     def _keep(self, state: ServerState) -> bool:

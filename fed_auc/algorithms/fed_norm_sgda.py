@@ -55,6 +55,7 @@ from fed_auc.algorithms.base import (
     LocalState,
     Reply,
     ReplyLayout,
+    SecureTotal,
     ServerState,
     model_part,
     prefixed,
@@ -64,7 +65,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, primal_direction
-from fed_auc.trainable import BUFFER, Trainable
+from fed_auc.trainable import BUFFER, Tensors, Trainable
 
 GRADIENT = "g/"  # the normalized gradient aggregates (g_x,i, g_y,i) of lines 13–15
 SNAPSHOT = "snap/"  # the + variant's x̂^(s)
@@ -186,8 +187,28 @@ class FedNormSGDA(Backend):
         else:
             p = [r.num_examples / state["total_examples"] for r in replies]
         scaled = [p_i * n / chosen for p_i in p]  # eq. (3): w̃_i = w_i n / |C|, w_i = p_i
-        tau_eff = self.effective_steps(state)
         g = weighted_mean([unprefixed(GRADIENT, r.tensors) for r in replies], scaled)  # line 17
+        buffers = [{k: t for k, t in r.tensors.items() if k.startswith(BUFFER)} for r in replies]
+        mean_buffers = {}
+        if any(buffers):  # not in the paper: Σ p_i buf_i / Σ p_i over the participants
+            mean_buffers = weighted_mean(buffers, [p_i / sum(p) for p_i in p])
+        return self._step(state, g, mean_buffers)
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """Line 17 from sums: Σ_{i∈C} w̃_i g_i = (n/|C|) Σ_{i∈C} p_i · (the p-weighted mean of
+        the g_i over the sites that sent each tensor), as ``weighted_mean`` takes it; the
+        nodes scale by w_i ∝ p_i, so Σ_{i∈C} p_i = Σ_i w_i / (n or N)."""
+        n, chosen = state["num_sites"], len(total.sites)
+        norm = n if self.site_weighting == "uniform" else state["total_examples"]
+        factor = n / chosen * total.total_weight() / norm
+        g = {name: mean * factor for name, mean in total.mean(GRADIENT).items()}
+        return self._step(state, g, total.mean())
+
+    def _step(self, state: ServerState, g: Tensors, buffers: Tensors) -> ServerState:
+        """Line 18 with the aggregate g; the participants' mean BatchNorm statistics."""
+        tau_eff = self.effective_steps(state)
         rates = self._rates(state["round"])
         previous = state["model"]
         model = dict(previous)  # a tensor nobody trained (partial training) keeps its value
@@ -198,9 +219,7 @@ class FedNormSGDA(Backend):
             if state["dual_min"] is not None:
                 alpha = alpha.clamp(min=state["dual_min"])
             model[name] = alpha
-        buffers = [{k: t for k, t in r.tensors.items() if k.startswith(BUFFER)} for r in replies]
-        if any(buffers):  # not in the paper: Σ p_i buf_i / Σ p_i over the participants
-            model.update(weighted_mean(buffers, [p_i / sum(p) for p_i in p]))
+        model.update(buffers)
         return {**state, "round": state["round"] + 1, "model": model, "tau_eff": tau_eff}
 
     def with_local_steps(self, state: ServerState, steps: Mapping[str, int]) -> ServerState:

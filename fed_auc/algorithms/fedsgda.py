@@ -52,6 +52,8 @@ Choices the paper leaves open:
   variable over the sites that sent it. A variable that no collect responder measured (a
   collect answered by weak sites only) has no estimate in round t: it does not move on any
   site that round, and STORM restarts it from the MB estimate when next measured.
+- Secure aggregation: both phases are per-variable weighted means, so both run from sums
+  (``aggregate_secure``); the collect phase's gradients are masked like iterates.
 - α is projected on the local iterate after every step, as in the other backends; the
   average of feasible iterates is feasible. Server means follow ``site_weighting`` in both
   phases (uniform = the paper's D).
@@ -72,6 +74,7 @@ from fed_auc.algorithms.base import (
     LocalState,
     Reply,
     ReplyLayout,
+    SecureTotal,
     ServerState,
     model_part,
     prefixed,
@@ -247,6 +250,20 @@ class _FedSGDA(Backend):
             **state,
             "round": state["round"] + 1,
             "model": model,
+            "previous": _variables(state["model"]),
+        }
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """Both phases are weighted means (per variable over its senders): from sums."""
+        if phase == "collect":
+            previous = total.mean(GRADIENT_PREVIOUS) if self.uses_previous else None
+            return {**state, "estimate": self.estimate(state, total.mean(GRADIENT), previous)}
+        return {
+            **state,
+            "round": state["round"] + 1,
+            "model": {**state["model"], **total.mean()},
             "previous": _variables(state["model"]),
         }
 

@@ -15,6 +15,7 @@ from fed_auc.algorithms.base import (
     Broadcast,
     LocalState,
     Reply,
+    SecureTotal,
     ServerState,
     model_part,
     site_weights,
@@ -61,4 +62,11 @@ class LocalSGDA(Backend):
             **state["model"],
             **weighted_mean([model_part(r.tensors) for r in replies], weights),
         }
+        return {**state, "round": state["round"] + 1, "model": model}
+
+    def aggregate_secure(
+        self, state: ServerState, total: SecureTotal, phase: str = "train"
+    ) -> ServerState:
+        """The same weighted mean, per tensor over its senders, from the sums alone."""
+        model = {**state["model"], **total.mean()}
         return {**state, "round": state["round"] + 1, "model": model}

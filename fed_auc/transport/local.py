@@ -37,6 +37,15 @@ class LocalTransport:
             for site, broadcast in requests.items()
         }
 
+    def secure(
+        self, step: str, messages: Mapping[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """One step of secure aggregation (``fed_auc.secure_aggregation``) at each site."""
+        return {
+            site: self._call(site, lambda n, m=message: n.secure_step(step, m))
+            for site, message in messages.items()
+        }
+
     def evaluate(
         self,
         sites: Sequence[str],

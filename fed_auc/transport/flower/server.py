@@ -153,6 +153,21 @@ class FlowerTransport:
             for site, answer in answers.items()
         }
 
+    def secure(
+        self, step: str, messages: Mapping[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """One step of secure aggregation at each site: its JSON message there, the answer
+        back (``fed_auc.secure_aggregation``; the protocol runs in the coordinator and nodes)."""
+        frames = {
+            site: ({"kind": "secure", "setup": self.setup, "step": step, "message": m}, [])
+            for site, m in messages.items()
+        }
+        answers = self._ask(frames, "query", self.settings.round_timeout_s)
+        return {
+            site: a if isinstance(a, NodeFailure) else _decode(site, _secure_answer, a)
+            for site, a in answers.items()
+        }
+
     def evaluate(
         self,
         sites: Sequence[str],
@@ -279,6 +294,13 @@ class FlowerTransport:
             if pending:
                 time.sleep(PULL_INTERVAL_S)
         return replies
+
+
+def _secure_answer(frame: Frame) -> dict[str, Any]:
+    answer = frame[0]["answer"]
+    if not isinstance(answer, dict):
+        raise TypeError(f"secure aggregation answer is a {type(answer).__name__}, not a dict")
+    return answer
 
 
 def _decode(site: str, decode, frame: Frame):

@@ -89,6 +89,8 @@ class NodeWorker:
                 + f", {time.perf_counter() - start:.1f} s"
             )
             return reply_frame(reply)
+        if kind == "secure":  # a step of secure aggregation (fed_auc.secure_aggregation)
+            return {"answer": node.secure_step(header["step"], header["message"])}, []
         if kind == "evaluate":
             tensors = frame_tensors((header, buffers), self._cache)
             evaluation = node.evaluate(

@@ -1,0 +1,85 @@
+"""The cryptographic primitives of secure aggregation, all from maintained libraries.
+
+- Key agreement: X25519 (``cryptography``), the shared secret stretched by HKDF-SHA256 into
+  a 32-byte key, one key per purpose (``info`` says which), so a mask key never encrypts.
+- Authenticated encryption of the secret shares between two sites through the server:
+  AES-256-GCM (``cryptography``), the session and both sites' names as associated data, so
+  the server can neither read, alter nor replay a share into another session or pair.
+- Threshold secret sharing: Shamir t-of-n from Flower (``flwr.common.secure_aggregation``,
+  over pycryptodome's ``Shamir`` in GF(2^128), 16-byte chunks).
+- Masks: the ChaCha20 keystream (``cryptography``) of a 32-byte seed, read as uint64 words:
+  uniform over Z_{2^64}. Flower's ``pseudo_rand_gen`` is not used: it folds the seed into 32
+  bits for NumPy's Mersenne Twister (2^32 seeds to try; predictable) and its
+  ``randint(0, range − 1)`` never draws the top value, so its masks are not uniform.
+
+Nothing here invents cryptography: it only names inputs and lengths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+MASK_INFO = b"fed-auc secure aggregation: pairwise mask"
+SHARE_INFO = b"fed-auc secure aggregation: share encryption"
+
+
+def private_key(secret: bytes) -> X25519PrivateKey:
+    """The X25519 key of 32 secret bytes (drawn by the caller, so tests can seed them)."""
+    return X25519PrivateKey.from_private_bytes(secret)
+
+
+def private_bytes(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.Raw,
+        serialization.PrivateFormat.Raw,
+        serialization.NoEncryption(),
+    )
+
+
+def public_bytes(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def shared_key(own: X25519PrivateKey, other_public: bytes, info: bytes) -> bytes:
+    """HKDF-SHA256 of the X25519 secret of ``own`` and ``other_public``: both sides of a pair
+    get the same 32 bytes, nobody else can."""
+    secret = own.exchange(X25519PublicKey.from_public_bytes(other_public))
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def encrypt(key: bytes, nonce: bytes, plaintext: bytes, associated: bytes) -> bytes:
+    """AES-256-GCM; the nonce travels in front of the ciphertext."""
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, associated)
+
+
+def decrypt(key: bytes, message: bytes, associated: bytes) -> bytes:
+    """Inverse of ``encrypt``; raises ``cryptography.exceptions.InvalidTag`` if tampered."""
+    return AESGCM(key).decrypt(message[:NONCE_BYTES], message[NONCE_BYTES:], associated)
+
+
+def split_secret(secret: bytes, threshold: int, count: int) -> list[bytes]:
+    """Shamir shares 1..count of ``secret``; any ``threshold`` of them give it back."""
+    from flwr.common.secure_aggregation.crypto.shamir import create_shares
+
+    return create_shares(secret, threshold, count)
+
+
+def combine_secret(shares: list[bytes]) -> bytes:
+    """The secret of ``threshold`` or more shares of ``split_secret``."""
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+
+    return combine_shares(shares)
+
+
+def mask(seed: bytes, length: int) -> np.ndarray:
+    """``length`` uint64 words of the ChaCha20 keystream of ``seed`` (32 bytes)."""
+    cipher = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
+    stream = cipher.update(b"\0" * (8 * length))
+    return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)

@@ -1,0 +1,185 @@
+"""The server's side of secure aggregation: relay keys and shares, then remove the masks.
+
+The server sees public keys, ciphertexts it cannot open, and masked vectors that are uniform
+in Z_{2^64}. It unmasks only a sum: from ``threshold`` survivors it reconstructs each
+survivor's self-mask seed b_j and, for each site that shared keys but whose vector never
+arrived (or was rejected), its mask key, from which it recomputes and removes that site's
+pairwise masks from the survivors' vectors. An honest site never reveals both of one site's
+secrets (``SecureClient`` checks survivors and dropped are disjoint).
+
+``SecureServer`` is a sequence of steps, so the transport carries its messages: the
+coordinator asks it for each step's requests, sends them with any transport, and hands it
+the answers (a failed site's answer is simply absent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fed_auc.secure_aggregation import crypto
+from fed_auc.secure_aggregation.messages import (
+    SecureAggregationError,
+    b64,
+    require,
+    unb64,
+)
+
+
+def default_threshold(count: int) -> int:
+    """A majority of the sampled sites, at least 2 (one site's "sum" is its own vector)."""
+    return max(2, count // 2 + 1)
+
+
+class SecureServer:
+    def __init__(self, session: str, participants: Sequence[str], threshold: int) -> None:
+        if len(participants) < 2:
+            raise SecureAggregationError(
+                f"secure aggregation needs at least 2 sites per round, got {list(participants)}"
+            )
+        if not 2 <= threshold <= len(participants):
+            raise SecureAggregationError(
+                f"secure aggregation threshold must be in 2..{len(participants)} "
+                f"(the sampled sites), got {threshold}"
+            )
+        self.session = session
+        self.participants = list(participants)
+        self.threshold = threshold
+        self.keys: dict[str, tuple[bytes, bytes]] = {}  # U1: (c_pk, s_pk)
+        self.mailbox: dict[str, dict[str, str]] = {}  # destination → source → ciphertext
+        self.sharers: list[str] = []  # U2
+
+    # -- step 1 -----------------------------------------------------------------------------
+    def advertise_requests(self) -> dict[str, dict[str, Any]]:
+        message = {
+            "session": self.session,
+            "participants": self.participants,
+            "threshold": self.threshold,
+        }
+        return {site: message for site in self.participants}
+
+    def collect_keys(self, answers: Mapping[str, Any]) -> list[str]:
+        """Keep the well-formed answers; returns the sites left out (with why, as events)."""
+        problems = []
+        for site in self.participants:
+            if site not in answers:
+                continue
+            try:
+                where = f"site {site!r}, advertise answer"
+                self.keys[site] = (
+                    unb64(require(answers[site], "c_pk", str, where), f"{where}: c_pk"),
+                    unb64(require(answers[site], "s_pk", str, where), f"{where}: s_pk"),
+                )
+            except SecureAggregationError as exc:
+                problems.append(str(exc))
+        self._enough(list(self.keys), "advertised keys")
+        return problems
+
+    # -- step 2 -----------------------------------------------------------------------------
+    def share_requests(self) -> dict[str, dict[str, Any]]:
+        keys = {site: [b64(c), b64(s)] for site, (c, s) in self.keys.items()}
+        return {site: {"session": self.session, "keys": keys} for site in self.keys}
+
+    def collect_shares(self, answers: Mapping[str, Any]) -> list[str]:
+        problems = []
+        for site in self.keys:
+            if site not in answers:
+                continue
+            where = f"site {site!r}, share answer"
+            try:
+                shares = require(answers[site], "shares", dict, where)
+                expected = set(self.keys) - {site}
+                if set(shares) != expected or not all(isinstance(v, str) for v in shares.values()):
+                    raise SecureAggregationError(
+                        f"{where}: shares for {sorted(shares)}, expected {sorted(expected)}"
+                    )
+            except SecureAggregationError as exc:
+                problems.append(str(exc))
+                continue
+            self.sharers.append(site)
+            for destination, sealed in shares.items():
+                self.mailbox.setdefault(destination, {})[site] = sealed
+        self._enough(self.sharers, "shared keys")
+        return problems
+
+    # -- step 3 (in the train request) --------------------------------------------------------
+    def mask_config(self, site: str) -> dict[str, Any]:
+        """The train request's ``secure_aggregation`` entry for ``site`` (one of U2)."""
+        shares = {s: c for s, c in self.mailbox.get(site, {}).items() if s in self.sharers}
+        return {"session": self.session, "shares": shares}
+
+    # -- step 4 -----------------------------------------------------------------------------
+    def unmask_requests(self, survivors: Sequence[str]) -> dict[str, dict[str, Any]]:
+        survivors = [s for s in self.sharers if s in survivors]
+        self._enough(survivors, "sent a valid masked vector")
+        dropped = [s for s in self.sharers if s not in survivors]
+        message = {"session": self.session, "survivors": survivors, "dropped": dropped}
+        return {site: message for site in survivors}
+
+    def unmask(self, masked: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> np.ndarray:
+        """Σ_k x_k mod 2^64 over the sites of ``masked`` (the survivors), from the survivors'
+        ``answers`` to ``unmask_requests``; at least ``threshold`` answers are needed."""
+        survivors = [s for s in self.sharers if s in masked]
+        dropped = [s for s in self.sharers if s not in masked]
+        seed_shares: dict[str, list[bytes]] = {s: [] for s in survivors}
+        key_shares: dict[str, list[bytes]] = {s: [] for s in dropped}
+        helpers = []
+        for site in survivors:
+            if site not in answers:
+                continue
+            where = f"site {site!r}, unmask answer"
+            try:
+                seeds = require(answers[site], "b_shares", dict, where)
+                keys = require(answers[site], "sk_shares", dict, where)
+                if set(seeds) != set(survivors) or set(keys) != set(dropped):
+                    raise SecureAggregationError(f"{where}: shares for the wrong sites")
+                for owner in survivors:
+                    seed_shares[owner].append(unb64(seeds[owner], f"{where}: b share"))
+                for owner in dropped:
+                    key_shares[owner].append(unb64(keys[owner], f"{where}: sk share"))
+            except SecureAggregationError:
+                continue  # a malformed helper counts as absent
+            helpers.append(site)
+        if len(helpers) < self.threshold:
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: {len(helpers)} of "
+                f"{len(survivors)} surviving sites sent their unmasking shares "
+                f"({helpers}), fewer than the threshold {self.threshold}: the sum cannot be "
+                "unmasked"
+            )
+        length = len(next(iter(masked.values())))
+        total = np.zeros(length, dtype=np.uint64)
+        for site in survivors:
+            total += masked[site]
+            seed = crypto.combine_secret(seed_shares[site][: self.threshold])
+            total -= crypto.mask(seed, length)
+        for site in dropped:
+            secret = crypto.combine_secret(key_shares[site][: self.threshold])
+            key = crypto.private_key(secret)
+            if crypto.public_bytes(key) != self.keys[site][1]:
+                raise SecureAggregationError(
+                    f"secure aggregation of session {self.session}: the shares of dropped site "
+                    f"{site!r}'s mask key do not rebuild the key it advertised"
+                )
+            position = self.sharers.index(site)
+            for other in survivors:
+                seed = crypto.shared_key(
+                    key, self.keys[other][1], crypto.MASK_INFO + self.session.encode()
+                )
+                pairwise = crypto.mask(seed, length)
+                # the survivor added +PRG if it came first in the order, −PRG otherwise
+                if self.sharers.index(other) < position:
+                    total -= pairwise
+                else:
+                    total += pairwise
+        return total
+
+    def _enough(self, sites: Sequence[str], what: str) -> None:
+        if len(sites) < self.threshold:
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: only {len(sites)} of "
+                f"{len(self.participants)} sites {what} ({list(sites)}), fewer than the "
+                f"threshold {self.threshold}: the round cannot be aggregated securely"
+            )
