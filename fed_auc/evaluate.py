@@ -26,7 +26,7 @@ from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
 from fed_auc.models import DenseNetClassifier, model_from_config
 from fed_auc.operating_point import ScoreBins, default_edges, figures, reliability, score_bins
-from fed_auc.pooled_auc import binned_aucs, pooled_from_bins
+from fed_auc.pooled_auc import binned_aucs, percentile_interval, pooled_from_bins
 from fed_auc.roc import roc_points
 from fed_auc.tta import check_tta, predict
 
@@ -92,12 +92,16 @@ def bootstrap_ci(
         cells = tie[idx] + distinct * labels[idx] + 2 * distinct * np.arange(k)[:, None]
         counts = np.bincount(cells.ravel(), minlength=2 * distinct * k).reshape(k, 2, distinct)
         values.append(binned_aucs(counts[:, 1].astype(float), counts[:, 0].astype(float)))
-    aucs = np.concatenate(values)
-    aucs = aucs[~np.isnan(aucs)]
-    if aucs.size == 0:
-        return None, None
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(aucs, tail)), float(np.percentile(aucs, 100 - tail))
+    return percentile_interval(np.concatenate(values), level)
+
+
+def calibration_rows(bins: ScoreBins) -> list[dict[str, Any]]:
+    """The reliability diagram of ``bins`` as JSON rows (observed rate with its Wilson CI)."""
+    return [
+        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
+         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
+        for c in reliability(bins)
+    ]  # fmt: skip
 
 
 def label_result(
@@ -125,11 +129,7 @@ def label_result(
     if threshold < 1.0:  # "score ≥ 1" is no operating point the bins can resolve
         clinical = figures(bins, threshold)
         out.update({k: v for k, v in clinical.items() if k not in out})
-    out["calibration"] = [
-        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
-         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
-        for c in reliability(bins)
-    ]  # fmt: skip
+    out["calibration"] = calibration_rows(bins)
     out["bins"] = bins.to_dict()
     if result.auc is not None:
         out["ci_lo"], out["ci_hi"] = bootstrap_ci(y, s, n_boot, seed)

@@ -22,6 +22,7 @@ import torch
 from fed_auc.data.base import SiteData
 from fed_auc.evaluate import (
     POOLED,
+    calibration_rows,
     label_result,
     load_registered_model,
     worst_site_auc,
@@ -29,7 +30,7 @@ from fed_auc.evaluate import (
 )
 from fed_auc.export import MODEL_FORMAT
 from fed_auc.models import model_from_config
-from fed_auc.operating_point import ScoreBins, figures, reliability
+from fed_auc.operating_point import ScoreBins, figures
 from fed_auc.pooled_auc import check_same_edges, pooled_from_bins, roc_from_bins
 from fed_auc.store import RunStore
 from fed_auc.transport.base import NodeFailure
@@ -180,11 +181,7 @@ def pooled_entry(
         out.update({k: v for k, v in figures(bins, threshold).items() if k not in out})
     out.setdefault("sensitivity", None)
     out.setdefault("specificity", None)
-    out["calibration"] = [
-        {"lo": c.lo, "hi": c.hi, "n": c.n, "mean_score": c.mean_score,
-         "observed": c.observed.value, "observed_lo": c.observed.lo, "observed_hi": c.observed.hi}
-        for c in reliability(bins)
-    ]  # fmt: skip
+    out["calibration"] = calibration_rows(bins)
     out["bins"] = bins.to_dict()
     return out
 

@@ -66,7 +66,12 @@ def bootstrap_bins_ci(
     for start in range(0, n_boot, BOOTSTRAP_CHUNK):
         draws = rng.multinomial(n, cells / n, size=min(BOOTSTRAP_CHUNK, n_boot - start))
         values.append(binned_aucs(draws[:, : len(pos)], draws[:, len(pos) :]))
-    aucs = np.concatenate(values)
+    return percentile_interval(np.concatenate(values), level)
+
+
+def percentile_interval(aucs: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    """The bootstrap's percentile interval at ``level`` over the defined (non-NaN) AUCs;
+    (None, None) when no resample had both classes."""
     aucs = aucs[~np.isnan(aucs)]
     if aucs.size == 0:
         return None, None
