@@ -27,7 +27,9 @@ BASE = "recipe"
 VARIANTS: dict[str, list[str]] = {
     BASE: [],
     "dual_lr = 20η (≈ 1/(p(1−p)) at p = 0.05)": ["--backend-option", "dual_lr=4.0"],
-    "classifier re-initialized after warm-up": ["--warmup-reset-head"],
+    "classifier re-initialized after warm-up": ["--warmup-head", "reset"],
+    "classifier bias recentered after warm-up": ["--warmup-head", "recenter"],
+    "recentered + dual_lr = 20η": ["--warmup-head", "recenter", "--backend-option", "dual_lr=4.0"],
     "warm-up 10 rounds": ["--warmup-rounds", "10"],
     "warm-up 0 rounds": ["--warmup-rounds", "0"],
     "positive floor 0.2 per batch": ["--min-pos-fraction", "0.2"],

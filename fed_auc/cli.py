@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc import evaluation_cli
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment import WARMUP_HEADS, ExperimentConfig
 from fed_auc.threads import apply_threads, parse_threads
 from fed_auc.transport.flower import cli as flower_cli
 
@@ -157,10 +157,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
     )
     p.add_argument(
-        "--warmup-reset-head",
-        action="store_true",
-        default=None,
-        help="start the AUC phase with the classifier re-initialized (LibAUC's recipe)",
+        "--warmup-head",
+        choices=WARMUP_HEADS,
+        help="the classifier the AUC phase starts from: the warm-up's (keep, default), "
+        "re-initialized (reset, LibAUC's recipe) or with its bias moved by −logit(p) "
+        "(recenter: same ranking, scores near ½)",
     )
     p.add_argument(
         "--augment",

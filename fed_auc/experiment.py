@@ -36,6 +36,7 @@ from fed_auc.tta import TTA_MODES, default_tta
 DEFAULT_FILE_SELECT = "best_val:5"
 DEFAULT_FILE_NEG_FLOOR = 0.25
 TRANSPORTS = ("local", "flower")
+WARMUP_HEADS = ("keep", "reset", "recenter")  # what the AUC phase starts from (warmup_head)
 # Options that describe a simulated federation (how many sites, one data set split among
 # them, how it is split and shifted): each node owns its data over Flower.
 SIMULATED_FEDERATION = (
@@ -112,9 +113,12 @@ class ExperimentConfig:
     # image files (a 78-image validation split picks single rounds noisily, BENCHMARKS.md),
     # best_val for the synthetic demo.
     warmup_rounds: int = 0
-    # Start the AUC phase from the warm-up's network with the classifier (output layer) set
-    # back to its initial values, as LibAUC's two-stage recipe does (BENCHMARKS.md, auc_vs_ce).
-    warmup_reset_head: bool = False
+    # The classifier (output layer) the AUC phase starts from: the warm-up's as it is
+    # ("keep"), set back to its initial values as LibAUC's two-stage recipe does ("reset"), or
+    # the warm-up's with each label's bias moved by −logit(p) ("recenter"): the same ranking,
+    # but scores near ½ instead of near p, where the AUC loss's gradient, which carries
+    # h(1 − h), is not 4–6× smaller than cross-entropy's (BENCHMARKS.md, "Rare positives").
+    warmup_head: str = "keep"
     select: str | None = None
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
@@ -233,8 +237,12 @@ class ExperimentConfig:
         if self.tta is not None:
             _choice("tta", self.tta, list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
-        if self.warmup_reset_head and not self.warmup_rounds:
-            raise ValueError("warmup_reset_head needs warmup_rounds ≥ 1 (a warm-up to reset after)")
+        _choice("warmup_head", self.warmup_head, WARMUP_HEADS)
+        if self.warmup_head != "keep" and not self.warmup_rounds:
+            raise ValueError(
+                f"warmup_head = {self.warmup_head!r} needs warmup_rounds ≥ 1 (a warm-up whose "
+                "classifier to change)"
+            )
         if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
             raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
         _at_least("rounds", self.rounds, 1)

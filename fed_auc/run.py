@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator import Coordinator
@@ -92,7 +93,11 @@ def warm_start(
     store.add_event(run_id, f"warm start: {config.warmup_rounds} fedavg+CE rounds, run {warm_id}")
     tensors = backend.global_tensors(coordinator.state)
     warm = {k: v for k, v in tensors.items() if k.startswith((WEIGHT, BUFFER))}
-    return reset_classifier(warm, model) if config.warmup_reset_head else warm
+    if config.warmup_head == "reset":
+        return reset_classifier(warm, model)
+    if config.warmup_head == "recenter":
+        return recenter_classifier(warm, coordinator.pos_ratio)
+    return warm
 
 
 def reset_classifier(tensors: Tensors, model: DenseNetClassifier) -> Tensors:
@@ -106,6 +111,25 @@ def reset_classifier(tensors: Tensors, model: DenseNetClassifier) -> Tensors:
         key = name.split("/", 1)[1]
         if group_of(key) == "classifier":
             out[name] = initial[key]
+    return out
+
+
+def recenter_classifier(tensors: Tensors, pos_ratio: list[float]) -> Tensors:
+    """``tensors`` with each label's output bias moved by −logit(p_l), p_l its prevalence.
+
+    A classifier fitted with cross-entropy to p = 5 % positives scores most images near p,
+    where the sigmoid's slope h(1 − h) ≈ 0.05 scales the AUC-margin loss's gradient down;
+    the shift puts a calibrated model's mean score near ½ (slope ≈ ¼) and leaves every
+    image's rank, hence every AUC, unchanged. Needs only the registered counts (p)."""
+    shift = torch.logit(torch.tensor(pos_ratio, dtype=torch.float64))
+    out = dict(tensors)
+    biases = [n for n in tensors if n.startswith(WEIGHT) and n.endswith("bias")
+              and group_of(n.split("/", 1)[1]) == "classifier"]  # fmt: skip
+    if len(biases) != 1 or out[biases[0]].shape != shift.shape:
+        raise ValueError(f"expected one classifier bias of shape {tuple(shift.shape)}, "
+                         f"found {biases}")  # fmt: skip
+    bias = out[biases[0]]
+    out[biases[0]] = bias - shift.to(bias.dtype)
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.spec import load_sites
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.models import build_model, group_of
-from fed_auc.run import reset_classifier
+from fed_auc.run import recenter_classifier, reset_classifier
 from fed_auc.site import SiteDefinition
 from fed_auc.trainable import BUFFER, WEIGHT
 from tests.data_files import write_chexpert, write_npz, write_png
@@ -130,6 +131,32 @@ def test_reset_classifier_restores_only_the_output_layer():
         assert torch.equal(tensor, expected), name
 
 
-def test_warmup_reset_head_needs_a_warmup():
-    with pytest.raises(ValueError, match="warmup_reset_head needs warmup_rounds"):
-        ExperimentConfig(warmup_reset_head=True)
+@pytest.mark.parametrize("head", ["reset", "recenter"])
+def test_changing_the_warmup_head_needs_a_warmup(head):
+    with pytest.raises(ValueError, match="needs warmup_rounds"):
+        ExperimentConfig(warmup_head=head)
+    with pytest.raises(ValueError, match="warmup_head must be one of"):
+        ExperimentConfig(warmup_rounds=2, warmup_head="drop")
+
+
+def test_recentering_keeps_every_rank_and_moves_scores_towards_a_half():
+    torch.manual_seed(0)
+    model = build_model("tiny").eval()
+    images = torch.randn(64, 1, 28, 28)
+    tensors = {f"{WEIGHT}{k}": v.detach().clone() for k, v in model.named_parameters()}
+    tensors |= {f"{BUFFER}{k}": v.clone() for k, v in model.named_buffers()}
+    bias = next(n for n in tensors if n.endswith("out.bias"))
+    with torch.no_grad():  # a head that scores every image near p = 5 %, as after CE
+        before_logits = model(images).squeeze(1)
+        tensors[bias] -= before_logits.mean() - math.log(0.05 / 0.95)
+        model.load_state_dict({n.split("/", 1)[1]: t for n, t in tensors.items()})
+        before = torch.sigmoid(model(images).squeeze(1))
+        recentered = recenter_classifier(tensors, [0.05])
+        model.load_state_dict({n.split("/", 1)[1]: t for n, t in recentered.items()})
+        after = torch.sigmoid(model(images).squeeze(1))
+    assert torch.equal(torch.argsort(before), torch.argsort(after))  # same ranking, same AUC
+    assert abs(float(after.mean()) - 0.5) < abs(float(before.mean()) - 0.5) / 4
+    slope = lambda h: float((h * (1 - h)).mean())  # noqa: E731
+    assert slope(after) > 3 * slope(before)
+    changed = [n for n in tensors if not torch.equal(tensors[n], recentered[n])]
+    assert changed == [bias]
