@@ -341,8 +341,9 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
-            if "dp_epsilon" in answer.metrics:
+            if "dp_epsilon" in answer.metrics:  # DP-SGD: the site's ε and its own σ
                 self.privacy[site] = (answer.metrics["dp_epsilon"], answer.metrics["dp_delta"])
+                row.metrics["dp_noise_multiplier"] = answer.metrics.get("dp_noise_multiplier")
             valid.append(answer)
         return valid
 
