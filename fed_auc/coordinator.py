@@ -25,16 +25,14 @@ import numpy as np
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState
 from fed_auc.algorithms.codasca import CONTROL_DELTA
-from fed_auc.heterogeneity import site_update, tensor_norm, update_signals
+from fed_auc.heterogeneity import phase_signals, tensor_norm
 from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.local_work import LocalWork
-from fed_auc.metrics import mean_auc, per_label_auc
-from fed_auc.node import Evaluation
 from fed_auc.partial import model_groups
 from fed_auc.robust import Aggregation
-from fed_auc.secure_aggregation.messages import SecureAggregationError
+from fed_auc.round_scores import record_scores
 from fed_auc.store import RoundRecord, RunStore, SiteRound
-from fed_auc.trainable import Tensors, Trainable
+from fed_auc.trainable import Trainable
 from fed_auc.transport.base import NodeFailure, payload_bytes
 from fed_auc.validation import InvalidReply, payload_size, validate_answer
 
@@ -131,11 +129,13 @@ class Coordinator:
         self._checkpoint: Future[None] | None = None
         self.privacy: dict[str, tuple[float, float]] = {}  # site: last reported (ε, δ)
         self._secure = None  # secure aggregation's runner, after its refusals by name
-        if secure is not None:
-            from fed_auc.secure_aggregation.rounds import SecurePhase, refuse_options
+        if secure is not None:  # imported only then: it loads the cryptography libraries
+            from fed_auc.secure_aggregation.rounds import SecurePhase
 
-            refuse_options(self.aggregation.method, max_update_norm, backend)
-            self._secure = SecurePhase(secure, backend, transport, registrations, personal, run_id)
+            self._secure = SecurePhase.checked(
+                secure, self.aggregation.method, max_update_norm,
+                backend, transport, registrations, personal, run_id,
+            )  # fmt: skip
 
     # -- the loop -----------------------------------------------------------------------
     def run(
@@ -203,21 +203,15 @@ class Coordinator:
             record.lr = broadcast.config.get("lr", record.lr)
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
             if self._secure is not None:  # only sums reach the server: no per-site signals
-                valid = self._secure_round(phase, requests, rows, record)
+                self.state, valid = self._secure.train(self, phase, requests, rows, record)
                 kept.update({reply.site: [round_, index] for reply in valid})
                 continue
             answers = self.transport.train(requests)
-            valid = self._screen(phase, answers, requests, rows, record)
+            valid = self.screen(phase, answers, requests, rows, record)
             kept.update({reply.site: [round_, index] for reply in valid})
-            if not valid:  # keep what the nodes said before giving up
-                self._record_events(record)
-                if all(rows[s].status == "budget_spent" for s in selected):
-                    raise BudgetsSpent(
-                        f"round {round_ + 1}: every site asked ({selected}) has spent its "
-                        "privacy budget; training ends"
-                    )
-                raise FederationError(
-                    f"round {round_ + 1}, phase {phase!r}: no valid reply from {selected}"
+            if not valid:
+                raise self.phase_failure(
+                    phase, selected, rows, record, f"no valid reply from {selected}"
                 )
             signal_jobs.append(self._writer.submit(phase_signals, broadcast.tensors, valid))
             blocks = [self.backend.reply_blocks(reply, requests[reply.site]) for reply in valid]
@@ -242,29 +236,33 @@ class Coordinator:
         self._finish_round(record, rows, kept)
         return record
 
-    def _secure_round(
+    def phase_failure(
         self,
         phase: str,
-        requests: Mapping[str, Broadcast],
-        rows: dict[str, SiteRound],
+        selected: Sequence[str],
+        rows: Mapping[str, SiteRound],
         record: RoundRecord,
-    ) -> list[Reply]:
-        """One phase under secure aggregation: the state from the sum; the replies in it."""
-
-        def screen(answers, masked_requests, length: int) -> list[Reply]:
-            return self._screen(phase, answers, masked_requests, rows, record, length)
-
-        try:
-            self.state, valid = self._secure.run(self.state, requests, rows, record, screen)
-        except SecureAggregationError as exc:
-            self._record_events(record)
-            raise FederationError(f"round {record.round}, phase {phase!r}: {exc}") from exc
-        return valid
-
-    def _record_events(self, record: RoundRecord) -> None:
-        """Keep what the nodes said in a round that fails, before giving up."""
+        cause: str,
+    ) -> FederationError:
+        """Keep what the nodes said in a phase that fails, then say why it ends the run:
+        ``BudgetsSpent`` when too few of the sites asked have privacy budget left to form an
+        aggregate (none; under secure aggregation, fewer than its threshold)."""
         for site, level, message in record.events:
             self.store.add_event(self.run_id, message, level, site, record.round)
+        spent = [s for s in selected if rows[s].status == "budget_spent"]
+        needed = 1 if self._secure is None else self._secure.threshold_for(selected)
+        if len(spent) == len(selected):
+            return BudgetsSpent(
+                f"round {record.round}: every site asked ({list(selected)}) has spent its "
+                "privacy budget; training ends"
+            )
+        if spent and len(selected) - len(spent) < needed:
+            return BudgetsSpent(
+                f"round {record.round}: {spent} of the sites asked have spent their privacy "
+                f"budget; the {len(selected) - len(spent)} left are fewer than secure "
+                f"aggregation's threshold {needed}; training ends"
+            )
+        return FederationError(f"round {record.round}, phase {phase!r}: {cause}")
 
     # -- steps --------------------------------------------------------------------------
     def _request_for(
@@ -288,7 +286,7 @@ class Coordinator:
             return default
         return self.local_work.steps(site, broadcast.round, default)
 
-    def _screen(
+    def screen(
         self,
         phase: str,
         answers: Mapping[str, Reply | NodeFailure],
@@ -341,8 +339,9 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
-            if "dp_epsilon" in answer.metrics:
+            if "dp_epsilon" in answer.metrics:  # DP-SGD: the site's ε and its own σ
                 self.privacy[site] = (answer.metrics["dp_epsilon"], answer.metrics["dp_delta"])
+                row.metrics["dp_noise_multiplier"] = answer.metrics.get("dp_noise_multiplier")
             valid.append(answer)
         return valid
 
@@ -351,36 +350,7 @@ class Coordinator:
         start = time.perf_counter()
         model = self.backend.global_tensors(self.state)
         answers = self.transport.evaluate(self.sites, model, pooled=self.pooled_scoring)
-        evaluations: dict[str, Evaluation] = {}
-        for site, answer in answers.items():
-            if isinstance(answer, NodeFailure):
-                record.events.append(
-                    (site, "warning", f"evaluation {answer.status}: {answer.message}")
-                )
-                continue
-            evaluations[site] = answer
-            row, test, val = rows[site], answer.splits["test"], answer.splits["val"]
-            site_auc = mean_auc(test.aucs)
-            first = test.aucs[0]
-            row.auc = site_auc
-            if len(test.aucs) == 1:
-                row.auc_lo, row.auc_hi = first.lo, first.hi
-            row.val_auc = mean_auc(val.aucs)
-            row.n_test, row.test_positives = test.n, test.positives
-            row.metrics["test_auc_per_label"] = [a.auc for a in test.aucs]
-            row.metrics["undefined"] = [a.reason for a in test.aucs if a.reason]
-            row.metrics["roc"] = test.roc
-            if answer.personal is not None:
-                personal = answer.personal["test"].aucs
-                row.personal_auc = mean_auc(personal)
-                if len(personal) == 1:
-                    row.personal_auc_lo, row.personal_auc_hi = personal[0].lo, personal[0].hi
-        site_aucs = {s: rows[s].auc for s in evaluations}
-        defined = [a for a in site_aucs.values() if a is not None]
-        record.worst_site_auc = min(defined) if defined else None
-        record.mean_site_auc = float(np.mean(defined)) if defined else None
-        record.global_auc, per_label = pooled_auc(evaluations, "test")
-        record.global_val_auc, _ = pooled_auc(evaluations, "val")
+        per_label = record_scores(answers, record, rows)
         record.metrics = {
             "global_auc_per_label": per_label,
             "eval_s": time.perf_counter() - start,
@@ -416,27 +386,6 @@ class Coordinator:
     def close(self) -> None:
         self.wait_for_checkpoint()
         self._writer.shutdown()
-
-
-def pooled_auc(
-    evaluations: Mapping[str, Evaluation], split: str
-) -> tuple[float | None, list[float | None]]:
-    """Mean and per-label AUC of a split over every site's scores pooled (None when scores
-    do not leave the sites)."""
-    parts = [e.splits[split] for e in evaluations.values() if e.splits[split].n > 0]
-    if not parts or parts[0].scores is None:
-        return None, []
-    labels = np.concatenate([p.labels for p in parts])
-    scores = np.concatenate([p.scores for p in parts])
-    aucs = per_label_auc(labels, scores)
-    return mean_auc(aucs), [a.auc for a in aucs]
-
-
-def phase_signals(sent: Tensors, replies: Sequence[Reply]) -> dict[str, dict[str, float]]:
-    """Update norm, drift and cosine of every site whose reply updates the network (none
-    for a phase that collects gradients only)."""
-    updates = {r.site: site_update(sent, r.tensors) for r in replies}
-    return update_signals({site: u for site, u in updates.items() if u is not None})
 
 
 def write_checkpoint(snapshot: Mapping[str, Any], run_dir: Path) -> None:

@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from fed_auc.trainable import WEIGHT, Tensors
+
+if TYPE_CHECKING:
+    from fed_auc.algorithms.base import Reply
 
 GRADIENT = "g/"
 
@@ -51,3 +55,10 @@ def tensor_norm(tensors: Tensors, prefix: str) -> float | None:
     """‖·‖ over the tensors with a prefix (e.g. CODASCA's Δc_k), None if there are none."""
     parts = [t.float().flatten() for n, t in tensors.items() if n.startswith(prefix)]
     return float(torch.cat(parts).norm()) if parts else None
+
+
+def phase_signals(sent: Tensors, replies: Sequence[Reply]) -> dict[str, dict[str, float]]:
+    """Update norm, drift and cosine of every site whose reply updates the network (none
+    for a phase that collects gradients only)."""
+    updates = {r.site: site_update(sent, r.tensors) for r in replies}
+    return update_signals({site: u for site, u in updates.items() if u is not None})

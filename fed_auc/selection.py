@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from fed_auc.coordinator import pooled_auc
 from fed_auc.io import load_state, save_state
 from fed_auc.metrics import mean_auc
 from fed_auc.node import Evaluation
+from fed_auc.round_scores import pooled_auc
 from fed_auc.store import RoundRecord, RunStore
 
 BEST_MODEL_FILE = "best_model.pt"

@@ -260,7 +260,7 @@ def honest(name: str, phase: str = "train", **options) -> tuple[Backend, Broadca
 
 
 def check(backend: Backend, request: Broadcast, reply: Reply, bound: float | None = None):
-    """What the coordinator runs on every answer (``Coordinator._screen``)."""
+    """What the coordinator runs on every answer (``Coordinator.screen``)."""
     layout = backend.reply_layout(request.phase)
     validate_answer(
         reply, "a", request, layout, bound, backend=backend, registered_examples=REGISTERED

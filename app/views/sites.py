@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app import common
+from app import common, privacy
 from app.model_view import LAST, MIN_CLASS_COUNT, ModelChoice, choices, coverage, site_status
 from app.queries import RunData
 from app.tables import evaluated_rounds, fmt, site_table
@@ -32,7 +32,13 @@ def body(data: RunData) -> None:
     st.title("Sites")
     if not evaluated_rounds(data):
         st.info("No site has been evaluated in this run yet.")
-        return
+    else:
+        performance(data)
+    privacy_section(data)
+
+
+def performance(data: RunData) -> None:
+    """Per-site AUC of the picked model with CIs, counts and who was not scored."""
     choice = pick_model(data)
     table = site_status(data, choice)
     cover = coverage(table)
@@ -98,6 +104,62 @@ def body(data: RunData) -> None:
             )
         )
         st.altair_chart(bars, width="stretch")
+
+
+def privacy_section(data: RunData) -> None:
+    """The run's DP and, for DP-SGD, the ε each site has spent, per round and in total."""
+    settings = privacy.dp_settings(data.run["config"])
+    if settings is None:
+        st.caption("No differential privacy in this run.")
+        return
+    st.subheader("Differential privacy")
+    mode = "example-level (DP-SGD)" if settings.mode == "example" else "update-level"
+    parts = [f"Mode: {mode}", f"clip C = {settings.clip:g}", f"noise: {settings.noise_text()}"]
+    if settings.delta is not None:
+        parts.append(f"δ = {settings.delta:g}")
+    st.markdown(" · ".join(parts))
+    if settings.mode != "example":
+        st.caption(privacy.UPDATE_SCOPE)
+        return
+    st.caption(privacy.EXAMPLE_SCOPE)
+    summary = data.run.get("summary") or {}
+    exported = summary.get("selected_round")
+    table = privacy.epsilon_table(data, None if exported is None else int(exported))
+    if table.empty:
+        st.info("No site has reported an ε yet.")
+        return
+    for row in table[table["budget"] != "open"].to_dict("records"):
+        st.warning(
+            f"{row['site']}: privacy budget {row['budget']} (ε = {row['ε spent']:.3f}"
+            f"{settings.of_target()}); it sends no further update."
+        )
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            c: st.column_config.NumberColumn(format="%.3f")
+            for c in ("ε spent", "ε at the exported round", "σ")
+        },
+    )
+    by_round = privacy.epsilon_by_round(data)
+    long = by_round.reset_index().melt("round", var_name="site", value_name="ε")
+    line = (
+        alt.Chart(long.dropna())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
+            y=alt.Y("ε:Q", title="ε spent so far"),
+            color=alt.Color("site:N"),
+            tooltip=["site", "round", alt.Tooltip("ε:Q", format=".3f")],
+        )
+    )
+    if settings.target_epsilon is not None:
+        target = pd.DataFrame({"ε": [settings.target_epsilon]})
+        line = line + alt.Chart(target).mark_rule(strokeDash=[4, 4]).encode(y="ε:Q")
+    st.altair_chart(line, width="stretch")
+    with st.expander("ε per site and round"):
+        st.dataframe(by_round, width="stretch")
 
 
 common.page(body)

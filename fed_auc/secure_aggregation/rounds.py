@@ -16,7 +16,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState
 from fed_auc.secure_aggregation.encoding import (
@@ -30,6 +30,9 @@ from fed_auc.secure_aggregation.messages import CONFIG_KEY, SecureAggregationErr
 from fed_auc.secure_aggregation.server import SecureServer, default_threshold
 from fed_auc.store import RoundRecord, SiteRound
 from fed_auc.transport.base import NodeFailure
+
+if TYPE_CHECKING:
+    from fed_auc.coordinator import Coordinator
 
 # Options that need one site's update, refused with secure aggregation (name → why).
 REFUSED_OPTIONS = {
@@ -81,8 +84,7 @@ class SecureAggregation:
 
 
 class SecurePhase:
-    """Runs one phase securely; ``screen(answers, requests, masked_length)`` is the
-    coordinator's check of envelopes and counts, returning the valid replies."""
+    """Runs one phase of the coordinator's rounds securely."""
 
     def __init__(
         self,
@@ -100,6 +102,42 @@ class SecurePhase:
         self.excluded = sorted(excluded)
         self.run_id = run_id
 
+    @classmethod
+    def checked(
+        cls,
+        settings: SecureAggregation,
+        aggregation: str,
+        max_update_norm: float | None,
+        *args: Any,
+    ) -> SecurePhase:
+        """After refusing, by name, the options that need one site's reply; ``args`` as for
+        the constructor after ``settings``."""
+        refuse_options(aggregation, max_update_norm, args[0])
+        return cls(settings, *args)
+
+    def threshold_for(self, sites: Sequence[str]) -> int:
+        """Sites a sum of ``sites``' replies needs."""
+        return self.settings.threshold_for(sites)
+
+    def train(
+        self,
+        coordinator: Coordinator,
+        phase: str,
+        requests: Mapping[str, Broadcast],
+        rows: dict[str, SiteRound],
+        record: RoundRecord,
+    ) -> tuple[ServerState, list[Reply]]:
+        """The coordinator's phase: its new state from the sum, and the replies in the sum;
+        a failed session ends the round with the coordinator's error (``phase_failure``)."""
+
+        def screen(answers, masked_requests, length: int) -> list[Reply]:
+            return coordinator.screen(phase, answers, masked_requests, rows, record, length)
+
+        try:
+            return self.run(coordinator.state, requests, rows, record, screen)
+        except SecureAggregationError as exc:
+            raise coordinator.phase_failure(phase, list(requests), rows, record, str(exc)) from exc
+
     def run(
         self,
         state: ServerState,
@@ -109,7 +147,9 @@ class SecurePhase:
         screen: Callable[..., list[Reply]],
     ) -> tuple[ServerState, list[Reply]]:
         """The new server state and the replies in the sum (``SecureAggregationError`` when
-        fewer than the threshold take part in a step)."""
+        fewer than the threshold take part in a step). ``screen(answers, requests,
+        masked_length)``: the coordinator's check of envelopes and counts, returning the valid
+        replies."""
         any_request = next(iter(requests.values()))
         phase = any_request.phase
         sites = list(requests)

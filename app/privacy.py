@@ -1,0 +1,106 @@
+"""What the Sites page says about differential privacy, from the store alone. No Streamlit.
+
+The run's config says which DP it used; ``site_rounds.dp_epsilon`` holds each site's ε spent
+so far (its own accountant, as the node reported it), carried into the rounds it did not
+train; ``status == "budget_spent"`` marks a site that refused to release a further update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from app.queries import RunData
+
+BUDGET_SPENT = "budget_spent"
+EXAMPLE_SCOPE = (
+    "ε is each site's own: it bounds what everything that site sent over the run (every update, "
+    "hence also the final model) reveals about any one of its training examples (one image "
+    "row), except with probability δ. A patient with k images is covered at about k·ε. It "
+    "does not cover the site's counts, prevalence, steps or evaluation results, which are not "
+    "noised."
+)
+UPDATE_SCOPE = (
+    "Update-level DP clips the move of each site's whole update to C and adds Gaussian noise "
+    "σ·C on the node: the unit it would protect is the site's whole update (all its patients "
+    "together). No accountant runs for it in this version, so no ε is recorded."
+)
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """A run's DP options as its config recorded them."""
+
+    mode: str  # "example" or "update"
+    clip: float | None
+    noise_multiplier: float | None
+    delta: float | None
+    target_epsilon: float | None
+
+    def noise_text(self) -> str:
+        if self.mode == "example" and self.target_epsilon is not None:
+            return f"σ calibrated per site to spend ε = {self.target_epsilon:g} over the run"
+        return f"σ = {self.noise_multiplier:g}" if self.noise_multiplier is not None else "none"
+
+    def of_target(self) -> str:
+        """' of target T' when the run set a target ε, else nothing."""
+        return "" if self.target_epsilon is None else f" of target {self.target_epsilon:g}"
+
+
+def dp_settings(config: dict[str, Any] | None) -> DPSettings | None:
+    """The run's DP, or None for a run without differential privacy."""
+    config = config or {}
+    mode, clip = config.get("dp"), config.get("dp_clip")
+    if mode is None and clip is None:
+        return None
+    mode = mode or "update"  # dp_clip alone is update-level DP
+    noise = config.get("dp_noise")
+    return DPSettings(
+        mode=mode,
+        clip=clip,
+        noise_multiplier=None if mode == "example" and not noise else noise,
+        delta=config.get("dp_delta") if mode == "example" else None,
+        target_epsilon=config.get("target_epsilon"),
+    )
+
+
+def epsilon_by_round(data: RunData) -> pd.DataFrame:
+    """ε spent so far per round (rows) and site (columns), where the store recorded one."""
+    rows = data.site_rounds.dropna(subset=["dp_epsilon"])
+    return rows.pivot_table(index="round", columns="site", values="dp_epsilon", aggfunc="max")
+
+
+def epsilon_table(data: RunData, exported_round: int | None) -> pd.DataFrame:
+    """Per site: ε spent (latest), at the exported model's round, δ, and whether and when
+    its budget was spent (the first round it refused to send an update)."""
+    rows = data.site_rounds
+    spent_rows = rows.dropna(subset=["dp_epsilon"]).sort_values("round")
+    refused = rows[rows["status"] == BUDGET_SPENT].groupby("site")["round"].min()
+    out = []
+    for site in sorted(set(spent_rows["site"]) | set(refused.index)):
+        mine = spent_rows[spent_rows["site"] == site]
+        entry: dict[str, Any] = {
+            "site": site,
+            "ε spent": float(mine["dp_epsilon"].iloc[-1]) if len(mine) else 0.0,
+            "as of round": int(mine["round"].iloc[-1]) if len(mine) else None,
+            "δ": float(mine["dp_delta"].iloc[-1]) if len(mine) else None,
+            "σ": _latest_sigma(mine),
+            "budget": (
+                f"spent: stopped at round {int(refused[site])}" if site in refused.index else "open"
+            ),
+        }
+        if exported_round is not None:
+            upto = mine[mine["round"] <= exported_round]
+            entry["ε at the exported round"] = float(upto["dp_epsilon"].max()) if len(upto) else 0.0
+        out.append(entry)
+    return pd.DataFrame(out)
+
+
+def _latest_sigma(rows: pd.DataFrame) -> float | None:
+    """The noise multiplier the site last reported (calibrated per site for a target ε)."""
+    for metrics in reversed(rows["metrics"].tolist()):
+        if isinstance(metrics, dict) and metrics.get("dp_noise_multiplier") is not None:
+            return float(metrics["dp_noise_multiplier"])
+    return None
