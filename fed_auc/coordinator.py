@@ -114,6 +114,7 @@ class Coordinator:
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
         self.pos_ratio = global_prevalence(registrations)
+        backend.set_prevalence(self.pos_ratio)
         self.registrations = registrations
         sizes = {site: int(r["n"]) for site, r in registrations.items()}
         self.state: ServerState = backend.register_sites(

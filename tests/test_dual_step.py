@@ -85,3 +85,49 @@ def test_the_saddle_point_does_not_move_with_dual_lr(name, local_steps, rounds):
 def test_dual_lr_must_be_positive(name):
     with pytest.raises(ValueError, match="dual_lr"):
         build_backend(name, dual_lr=0.0)
+
+
+@pytest.mark.parametrize("p", [0.015, 0.05, 0.3])
+def test_prevalence_dual_step_contracts_alpha_by_two_eta_at_any_prevalence(p):
+    """The AUC-margin loss's own ∂F/∂α (autograd, a batch at prevalence p): one step of
+    ``dual_lr = "prevalence"`` takes α from 0 to 2η·α* with α* its maximizer, whatever p;
+    the paper's single η moves it 1/(p(1−p)) times less."""
+    from fed_auc.losses import auc_margin_loss
+
+    gen = torch.Generator().manual_seed(0)
+    n, n_pos = 2000, round(2000 * p)
+    targets = torch.zeros(n, 1, dtype=torch.float64)
+    targets[:n_pos] = 1.0
+    scores = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 0.5 + 0.3 * targets
+    p_batch = torch.tensor([n_pos / n], dtype=torch.float64)
+    a, b = scores[:n_pos].mean().reshape(1), scores[n_pos:].mean().reshape(1)
+
+    def dual_gradient(alpha: float) -> float:
+        alpha_t = torch.tensor([alpha], dtype=torch.float64, requires_grad=True)
+        auc_margin_loss(scores, targets, a, b, alpha_t, p_batch, 1.0).backward()
+        return float(alpha_t.grad)
+
+    # α* where the concave objective's derivative vanishes, found by bisection
+    lo, hi = -10.0, 10.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if dual_gradient(mid) > 0 else (lo, mid)
+    alpha_star = lo
+    eta = 0.2
+    backend = _backend("codasca", lr=eta, dual_lr="prevalence")
+    backend.set_prevalence([n_pos / n])
+    after = backend.dual_lr_of(0) * dual_gradient(0.0)
+    assert after == pytest.approx(2 * eta * alpha_star, rel=1e-9)
+    single = _backend("codasca", lr=eta)
+    assert single.dual_lr_of(0) * dual_gradient(0.0) == pytest.approx(
+        2 * eta * alpha_star * p_batch.item() * (1 - p_batch.item()), rel=1e-9
+    )
+
+
+def test_prevalence_dual_step_is_refused_where_it_would_diverge_or_is_not_set():
+    with pytest.raises(ValueError, match="needs lr < 1"):
+        _backend("codasca", lr=1.0, dual_lr="prevalence")
+    with pytest.raises(RuntimeError, match="set_prevalence"):
+        _backend("codasca", lr=0.2, dual_lr="prevalence").dual_lr_of(0)
+    with pytest.raises(ValueError, match="dual_lr must be a finite number"):
+        _backend("codasca", lr=0.2, dual_lr="often")

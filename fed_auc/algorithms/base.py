@@ -22,6 +22,7 @@ from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors, Trainable
 
 ServerState = dict[str, Any]
 DUAL = AUC + "alpha"  # the dual variable α (Trainable.dual)
+DUAL_LR_PREVALENCE = "prevalence"  # dual_lr scaled to the federation's p (set_prevalence)
 LocalState = dict[str, Any]
 
 
@@ -150,10 +151,16 @@ class Backend(ABC):
         weight_decay: float = 1e-5,
         grad_clip: float | None = 1.0,
         site_weighting: str = "uniform",
-        dual_lr: float | None = None,
+        dual_lr: float | str | None = None,
     ) -> None:
         validate_positive("lr", lr)
-        if dual_lr is not None:
+        if dual_lr == DUAL_LR_PREVALENCE:
+            if lr >= 1:
+                raise ValueError(
+                    f"dual_lr = {DUAL_LR_PREVALENCE!r} needs lr < 1 (α then contracts by 2η "
+                    f"per step, which diverges at η ≥ 1); got lr = {lr!r}"
+                )
+        elif dual_lr is not None:
             validate_positive("dual_lr", dual_lr)
         if int(local_steps) != local_steps or local_steps < 1:
             raise ValueError(f"local_steps must be an integer ≥ 1, got {local_steps!r}")
@@ -175,7 +182,9 @@ class Backend(ABC):
         # α's own step size (issue 18 item 9): None = the paper's single step size η.
         # E[∂F/∂α] = 2p(1−p)(m + μ⁻ − μ⁺ − α), so with one η the dual moves 1/(2p(1−p))
         # times slower than the primal; LibAUC's PESG compensates in closed form.
+        # "prevalence": η / max_l p_l(1 − p_l), set once the sites' counts give p.
         self.dual_lr = dual_lr
+        self._dual_lr_value: float | None = None if dual_lr == DUAL_LR_PREVALENCE else dual_lr
 
     def hyperparameters(self) -> dict[str, Any]:
         """Everything that defines the run, for the store and the model card."""
@@ -190,8 +199,20 @@ class Backend(ABC):
 
     def dual_lr_of(self, round_: int) -> float:
         """α's step size in ``round_``: ``dual_lr`` (η if None), decayed like η."""
-        dual = self.lr if self.dual_lr is None else self.dual_lr
+        if self.dual_lr == DUAL_LR_PREVALENCE and self._dual_lr_value is None:
+            raise RuntimeError("dual_lr = 'prevalence' needs set_prevalence() before a round")
+        dual = self.lr if self._dual_lr_value is None else self._dual_lr_value
         return dual / self.lr_decay ** self.stage_of(round_)
+
+    def set_prevalence(self, pos_ratio: Sequence[float]) -> None:
+        """Resolve ``dual_lr = "prevalence"`` from the federation's p per label.
+
+        E[∂F/∂α] = 2p(1−p)(α* − α), so α's step η / (p(1−p)) makes α contract towards α*
+        by 2η per step whatever the prevalence, as the primal moves at η: the one-η
+        default leaves α p(1−p)-times slower (20× at p = 5 %, BENCHMARKS.md "Rare
+        positives"). With several labels the largest p(1−p) sets it (no label overshoots)."""
+        if self.dual_lr == DUAL_LR_PREVALENCE:
+            self._dual_lr_value = self.lr / max(p * (1 - p) for p in pos_ratio)
 
     @abstractmethod
     def init_server(self, trainable: Trainable, site_sizes: Mapping[str, int]) -> ServerState:
