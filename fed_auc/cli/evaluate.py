@@ -53,7 +53,11 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--with-val", action="store_true", help="--federation: the validation split too"
     )
-    ev.add_argument("--runs-dir", help="--federation: override the config's runs_dir")
+    ev.add_argument(
+        "--runs-dir",
+        help="where --site results are recorded (runs); --federation: override the config's "
+        "runs_dir",
+    )
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
@@ -69,18 +73,21 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 
 def evaluate_site_files(args: argparse.Namespace) -> None:
-    """Local evaluation of the sites given as files; held-out sites are marked."""
+    """Local evaluation of the sites given as files; held-out sites are marked. Recorded in
+    the run store as the federated job records the same model and sites."""
     from fed_auc.evaluate import evaluate_model, load_registered_model, write_results
+    from fed_auc.evaluation_job import card_request, record_local
     from fed_auc.site import check_site_data, load_site_files
 
     try:
         model, card = load_registered_model(args.model)
         size = args.image_size or card.get("image_size") or 28
-        splits = {}
+        sites = {}
         for site in load_site_files([str(f) for f in args.site_files]):
             data = site.load(size, len(card["label_names"]), card.get("seed", 0))
             check_site_data(site, data)
-            splits[site.name] = getattr(data, args.split)
+            sites[site.name] = data
+        splits = {name: getattr(data, args.split) for name, data in sites.items()}
         results = evaluate_model(
             model, card, splits, n_boot=args.bootstrap, seed=args.seed, tta=args.tta
         )
@@ -88,10 +95,14 @@ def evaluate_site_files(args: argparse.Namespace) -> None:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
     held = sorted(s for s in splits if s not in trained_sites(card))
     results.update(model=str(args.model), split=args.split, held_out=held, transport="none")
-    paths = write_results(results, args.out)
+    paths = {k: str(v) for k, v in write_results(results, args.out).items()}
+    request = card_request(model, card, [args.split], args.bootstrap, args.seed)
+    runs_dir = args.runs_dir or "runs"
+    run_id = record_local(runs_dir, results, request, card, args.model, sites, paths)
     for line in describe(results):
         print(line)
     print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
+    print(f"evaluation run {run_id} in {runs_dir}")
 
 
 def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:

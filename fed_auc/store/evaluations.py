@@ -25,8 +25,9 @@ CREATE TABLE IF NOT EXISTS model_evaluations (
     PRIMARY KEY (run_id, model, split, site)
 );
 CREATE TABLE IF NOT EXISTS evaluations (
-    run_id TEXT NOT NULL REFERENCES runs(id), -- the run that scored it: an evaluation-only run,
-                                      -- or a hold-out training run scoring its export
+    run_id TEXT NOT NULL REFERENCES runs(id), -- the run that scored it: an evaluation-only run
+                                      -- (federated, or local on site files), or a hold-out
+                                      -- training run scoring its export
     split TEXT NOT NULL,
     model TEXT NOT NULL,              -- the model scored (path of its model.pt or folder)
     model_run_id TEXT,                -- the run that trained it (its model card's run_id)
@@ -73,8 +74,8 @@ class EvaluationTables:
             )
 
     def record_evaluation(self, run_id: str, split: str, result: Mapping[str, Any]) -> None:
-        """A federated evaluation of one split (``fed_auc.evaluation_job.combine``): the job's
-        row and one row per site, failures included, in one transaction."""
+        """An evaluation job's split (``fed_auc.evaluation_job.combine``, federated or local):
+        the job's row and one row per site, failures included, in one transaction."""
         held = set(result["held_out"])
         sites = {s: r for s, r in result["sites"].items() if s != "pooled"}
         pooled = result["sites"].get("pooled")
