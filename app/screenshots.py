@@ -9,15 +9,11 @@ Streamlit renders over a websocket, so every step waits for a selector, never fo
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from app.launch import start_dashboard, stop
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = (
@@ -25,54 +21,16 @@ PAGES = (
 )  # fmt: skip
 TITLES = {"Compare": "Compare runs"}
 TIMEOUT_MS = 60_000
-STARTUP_S = 240  # a start took over a minute here with 2 cores shared by 4 jobs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
 def serve(runs_dir: str | Path, port: int | None = None) -> Iterator[str]:
     """``fed-auc dashboard`` on a free loopback port; yields its URL once it answers."""
-    port = port or free_port()
-    command = [sys.executable, "-m", "fed_auc.cli", "dashboard", "--runs-dir", str(runs_dir)]
-    process = subprocess.Popen(
-        [*command, "--port", str(port)],
-        env=os.environ.copy(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_dashboard(runs_dir, port)
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    error = process.stderr.read().decode() if process.poll() is not None else ""
-                    raise RuntimeError(f"dashboard did not start on {url}: {error}") from None
-                time.sleep(0.3)
         yield url
     finally:
         stop(process)
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to ``fed-auc dashboard``: it passes it on to Streamlit and waits for it. Killed
-    after 20 s; even then its Streamlit gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``)."""
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if process.stderr is not None:
-        process.stderr.close()
 
 
 def capture(

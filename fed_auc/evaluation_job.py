@@ -6,8 +6,9 @@ with a seeded node-side bootstrap CI, ≤ 101 ROC points, the operating point at
 at 90/95 % specificity, calibration bins and binned score counts. Nothing per image leaves it.
 The coordinator adds the pooled figures from the summed counts (``fed_auc.pooled_auc``), names
 every site that could not answer and why, writes the files local ``fed-auc evaluate`` writes,
-and records the evaluation in the store. Sites the model was not trained on (not in its card:
-held out, or external) are marked as such everywhere.
+and records the evaluation in the store. Local ``fed-auc evaluate --site`` records the same rows
+(``record_local``). Sites the model was not trained on (not in its card: held out, or
+external) are marked as such everywhere.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fed_auc.evaluate import (
     write_results,
 )
 from fed_auc.export import MODEL_FORMAT
-from fed_auc.models import model_from_config
+from fed_auc.models import DenseNetClassifier, model_from_config
 from fed_auc.operating_point import ScoreBins, figures
 from fed_auc.pooled_auc import check_same_edges, pooled_from_bins, roc_from_bins
 from fed_auc.store import RunStore
@@ -69,8 +70,15 @@ def model_request(
     if bad or not splits:
         raise ValueError(f"splits must be among {list(SPLITS)}, got {splits}")
     model, card = load_registered_model(path)
+    return card_request(model, card, splits, bootstrap, seed), dict(model.state_dict()), card
+
+
+def card_request(
+    model: DenseNetClassifier, card: dict[str, Any], splits: list[str], bootstrap: int, seed: int
+) -> EvaluationRequest:
+    """The request that scores ``model`` as its ``card`` says (threshold, TTA) on ``splits``."""
     names = list(card["label_names"])
-    request = EvaluationRequest(
+    return EvaluationRequest(
         MODEL_FORMAT,
         model.config(),
         names,
@@ -80,7 +88,6 @@ def model_request(
         int(bootstrap),
         int(seed),
     )
-    return request, dict(model.state_dict()), card
 
 
 def site_report(
@@ -213,13 +220,28 @@ def record_and_write(
     transport_name: str,
     out_dir: str | Path,
 ) -> dict[str, Any]:
-    """Write ``evaluation.json`` / ``.csv`` / ``roc.png`` (test in ``out_dir``, validation in
-    ``out_dir/val``), record every split in the store, return the files and per-site AUCs."""
+    """Record every split in the store, write ``evaluation.json`` / ``.csv`` / ``roc.png``
+    (test in ``out_dir``, validation in ``out_dir/val``), return the files and per-site AUCs."""
+    summary = record_job(store, run_id, results, model, card, transport_name)
+    for split, result in results.items():
+        folder = Path(out_dir) if split == "test" else Path(out_dir) / split
+        summary["files"][split] = {k: str(v) for k, v in write_results(result, folder).items()}
+    return summary
+
+
+def record_job(
+    store: RunStore,
+    run_id: str,
+    results: dict[str, dict[str, Any]],
+    model: str,
+    card: dict[str, Any],
+    transport_name: str,
+) -> dict[str, Any]:
+    """Record every split (and a warning event per site that did not report); returns the
+    job's summary without its files: per-site AUCs, failures, held-out sites."""
     summary: dict[str, Any] = {"files": {}, "auc": {}, "failures": {}}
     for split, result in results.items():
         result.update(model=model, model_run_id=card.get("run_id"), transport=transport_name)
-        folder = Path(out_dir) if split == "test" else Path(out_dir) / split
-        summary["files"][split] = {k: str(v) for k, v in write_results(result, folder).items()}
         store.record_evaluation(run_id, split, result)
         summary["auc"][split] = {
             site: [labels[name]["auc"] for name in result["label_names"]]
@@ -232,6 +254,50 @@ def record_and_write(
         )
     summary["held_out"] = next(iter(results.values()))["held_out"]
     return summary
+
+
+def record_local(
+    runs_dir: str | Path,
+    results: dict[str, Any],
+    request: EvaluationRequest,
+    card: dict[str, Any],
+    model: str | Path,
+    sites: dict[str, SiteData],
+    files: dict[str, str],
+) -> str:
+    """Record ``evaluate_model``'s ``results`` (one split of the data ``sites``, scored here) as
+    an evaluation run with the rows the job records for the same model and sites: the sites'
+    reports combined as the job combines them. Returns the run id."""
+    from fed_auc.data.cards import site_summary
+    from fed_auc.run import fail_run, git_revision
+
+    model = str(Path(model).resolve())
+    (split,) = request.splits
+    held_out = sorted(s for s in sites if s not in trained_sites(card))
+    answers = {
+        site: {"splits": {split: labels}}
+        for site, labels in results["sites"].items()
+        if site != POOLED  # per-image pooling: local only, nothing the job can record
+    }
+    job = {"model": model, "splits": [split], "bootstrap": request.bootstrap,
+           "seed": request.seed, "out": str(Path(files["json"]).parent.resolve())}  # fmt: skip
+    with RunStore(runs_dir) as store:
+        run_id = store.create_run(
+            "evaluate", {"evaluation": job, "transport": "local"}, git_revision()
+        )
+        try:
+            store.record_sites(run_id, {name: site_summary(d) for name, d in sites.items()})
+            store.add_event(run_id, f"evaluation job of {model} at {list(sites)}; "
+                            f"not trained on: {held_out}")  # fmt: skip
+            combined = {split: combine(answers, request, split, held_out)}
+            summary = record_job(store, run_id, combined, model, card, "local")
+            summary.update(files={split: files}, run_id=run_id)
+            store.add_event(run_id, "evaluation completed")
+            store.finish_run(run_id, "completed", summary)
+        except BaseException as exc:
+            fail_run(store, run_id, exc)
+            raise
+    return run_id
 
 
 def describe(results: dict[str, Any]) -> list[str]:

@@ -7,14 +7,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from app.screenshots import STARTUP_S, free_port
+from app.launch import free_port, start_dashboard
 
 pytestmark = pytest.mark.slow
 
@@ -41,20 +39,7 @@ def listening(port: int) -> bool:
 def start(tmp_path: Path) -> tuple[subprocess.Popen, int, int]:
     """The dashboard on a free port, once it answers; returns it, its port and Streamlit's pid."""
     port = free_port()
-    command = [sys.executable, "-m", "fed_auc.cli", "dashboard", "--runs-dir", str(tmp_path)]
-    process = subprocess.Popen(
-        [*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + STARTUP_S
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"dashboard did not start: {process.stderr.read()}") from None
-            time.sleep(0.3)
+    process, _ = start_dashboard(tmp_path, port)
     (streamlit,) = children(process.pid)
     return process, port, streamlit
 

@@ -9,14 +9,12 @@ import shutil
 import site
 import subprocess
 import sys
-import time
-import urllib.request
 import venv
 from pathlib import Path
 
 import pytest
 
-from app.screenshots import STARTUP_S, free_port
+from app.launch import start_dashboard
 from tests.dashboard_store import fill
 
 pytestmark = pytest.mark.slow
@@ -93,21 +91,8 @@ def test_the_wheel_carries_the_app_and_its_dashboard_starts(tmp_path):
     out = subprocess.check_output([python, "-c", render], cwd=away, env=env, text=True)
     assert out.strip().endswith("Overview")
 
-    port = free_port()
-    process = subprocess.Popen(
-        [env_dir / "bin" / "fed-auc", "dashboard", "--runs-dir", str(runs), "--port", str(port)],
-        cwd=away, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    process, _ = start_dashboard(runs, command=[env_dir / "bin" / "fed-auc"], cwd=away, env=env)
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None, process.stderr.read().decode()
-                assert time.monotonic() < deadline, "the installed dashboard did not answer"
-                time.sleep(0.3)
         (child,) = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
         command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         assert str(packages / "app" / "streamlit_app.py").encode() in command

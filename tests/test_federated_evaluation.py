@@ -6,12 +6,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from fed_auc.cli import main
 from fed_auc.coordinator import FederationError
 from fed_auc.data.base import SiteData, Split
+from fed_auc.data.cards import site_summary
 from fed_auc.evaluate import POOLED, evaluate_model, load_registered_model
 from fed_auc.evaluation_job import model_request, record_and_write, run_job
 from fed_auc.experiment import ExperimentConfig
@@ -19,6 +21,7 @@ from fed_auc.holdout import TrainingSites
 from fed_auc.node import Node
 from fed_auc.node_setup import build_node
 from fed_auc.simulation import load_in_process_sites, run_simulation
+from fed_auc.site import load_site_files
 from fed_auc.store import RunStore
 from fed_auc.transport.local import LocalTransport
 from tests.data_files import write_npz
@@ -168,7 +171,7 @@ def test_local_evaluate_on_site_files_marks_sites_the_model_never_saw(held_out_r
         files += ["--site", str(path)]
     out = tmp_path / "eval"
     main(["evaluate", "--model", summary["model_path"], *files, "--bootstrap", "50",
-          "--out", str(out)])  # fmt: skip
+          "--out", str(out), "--runs-dir", str(tmp_path / "runs")])  # fmt: skip
     results = json.loads((out / "evaluation.json").read_text())
     assert results["held_out"] == ["north", "south"]
     label = results["label_names"][0]
@@ -176,6 +179,73 @@ def test_local_evaluate_on_site_files_marks_sites_the_model_never_saw(held_out_r
     north = results["sites"]["north"][label]
     assert north["n"] == 40 and north["calibration"] and len(north["roc"]["fpr"]) <= 101
     assert sum(c["n"] for c in north["calibration"]) == 40
+
+
+def _site_files(root: Path, names: tuple[str, ...]) -> list[Path]:
+    paths = []
+    for seed, name in enumerate(names):
+        write_npz(root / f"{name}.npz", n=(20, 10, 40), seed=seed)
+        path = root / f"{name}.toml"
+        path.write_text(f'name = "{name}"\n\n[data]\nspec = "medmnist:{name}.npz"\n')
+        paths.append(path)
+    return paths
+
+
+def _recorded(runs_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, str]:
+    """The one evaluation of a store: its row, its site rows, its sites' data rows, its run."""
+    with RunStore(runs_dir) as store:
+        (job,) = store.evaluations().to_dict("records")
+        run_id = job["run_id"]
+        sites = store.evaluation_sites(run_id).drop(columns="run_id")
+        cards = store.sites(run_id).drop(columns="run_id")
+        status = store.run(run_id)["status"]
+    return job, sites, cards, status
+
+
+def test_local_evaluate_on_site_files_records_the_rows_the_job_records(held_out_run, tmp_path):
+    """Same model, same site files: ``fed-auc evaluate --site`` (scored here) and the job at
+    in-process nodes over those files record the same evaluation rows."""
+    summary, _, _, config = held_out_run
+    paths = _site_files(tmp_path, ("north", "south"))
+    files = [arg for path in paths for arg in ("--site", str(path))]
+    main(["evaluate", "--model", summary["model_path"], *files, "--bootstrap", "50",
+          "--seed", "3", "--out", str(tmp_path / "local"),
+          "--runs-dir", str(tmp_path / "local_runs")])  # fmt: skip
+    local = json.loads((tmp_path / "local" / "evaluation.json").read_text())
+
+    model, card = load_registered_model(summary["model_path"])
+    sites = [site.load(card["image_size"], 1, card["seed"]) for site in load_site_files(paths)]
+    request, tensors, _ = model_request(summary["model_path"], ["test"], 50, 3)
+    nodes = _nodes(config, sites, tmp_path / "nodes")
+    held = ["north", "south"]  # the model never saw them
+    results = run_job(LocalTransport(nodes), ["north", "south"], request, tensors, held)
+    with RunStore(tmp_path / "job_runs") as store:
+        run_id = store.create_run("evaluate", {}, None)
+        store.record_sites(run_id, {s.name: site_summary(s) for s in sites})
+        model_path = str(Path(summary["model_path"]).resolve())
+        record_and_write(store, run_id, results, model_path, card, "local", tmp_path / "job")
+
+    ours, our_sites, our_cards, status = _recorded(tmp_path / "local_runs")
+    theirs, their_sites, their_cards, _ = _recorded(tmp_path / "job_runs")
+    assert status == "completed"
+    for key in ("run_id", "recorded_at"):
+        ours.pop(key), theirs.pop(key)
+    assert ours == theirs and ours["transport"] == "local" and ours["model"] == model_path
+    assert list(our_sites["site"]) == list(our_cards["site"]) == ["north", "south"]
+    pd.testing.assert_frame_equal(our_sites, their_sites)
+    pd.testing.assert_frame_equal(our_cards, their_cards)
+    # and the recorded rows are what evaluate returned
+    assert json.loads(ours["held_out"]) == local["held_out"] == held
+    for row in our_sites.itertuples():
+        assert row.status == "reported" and row.held_out == 1
+        assert json.loads(row.labels) == local["sites"][row.site]
+    label = card["label_names"][0]
+    pooled = json.loads(ours["pooled"])[label]
+    assert pooled["auc"] == local["pooled_from_bins"][label]["auc"]
+    assert (pooled["ci_lo"], pooled["ci_hi"]) == (
+        local["pooled_from_bins"][label]["ci_lo"],
+        local["pooled_from_bins"][label]["ci_hi"],
+    )
 
 
 def test_the_validation_split_is_scored_and_written_beside_the_test_split(held_out_run, tmp_path):

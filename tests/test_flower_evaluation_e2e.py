@@ -99,7 +99,7 @@ def test_federated_evaluate_equals_local_evaluate_on_the_same_files(federation):
          "--bootstrap", "300", "--seed", "5", "--out", "federated")  # fmt: skip
     sites = [arg for f in files for arg in ("--site", str(f))]
     _run(root, "local.log", "evaluate", "--model", model, *sites, "--bootstrap", "300",
-         "--seed", "5", "--out", "local")  # fmt: skip
+         "--seed", "5", "--out", "local", "--runs-dir", "local-runs")  # fmt: skip
     federated = json.loads((root / "federated" / "evaluation.json").read_text())
     local = json.loads((root / "local" / "evaluation.json").read_text())
     label = local["label_names"][0]
@@ -123,7 +123,18 @@ def test_federated_evaluate_equals_local_evaluate_on_the_same_files(federation):
     ).is_file()
     with RunStore(root / "runs") as store:
         job = store.evaluations().iloc[0]
+        rows = store.evaluation_sites(job["run_id"])
     assert job["transport"] == "flower" and job["model"] == str(Path(model).resolve())
+    with RunStore(root / "local-runs") as store:  # local evaluate records the same job
+        (ours,) = store.evaluations().to_dict("records")
+        our_rows = store.evaluation_sites(ours["run_id"])
+    same = ["model", "model_run_id", "label_names", "held_out", "failures"]
+    assert {k: ours[k] for k in same} == {k: job[k] for k in same}
+    columns = ["site", "held_out", "status", "reason"]
+    assert our_rows[columns].equals(rows[columns]) and list(rows["site"]) == sorted(SITES)
+    for ours_, theirs in zip(our_rows["labels"], rows["labels"], strict=True):
+        ours_, theirs = json.loads(ours_)[label], json.loads(theirs)[label]
+        assert ours_["n"] == theirs["n"] and ours_["auc"] == pytest.approx(theirs["auc"], abs=1e-6)
 
 
 def test_a_node_killed_mid_evaluation_is_recorded_and_the_others_report(federation):

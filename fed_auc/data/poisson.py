@@ -24,6 +24,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.stream import SplitStream
 
 
 class DrawLog(Protocol):
@@ -54,7 +55,7 @@ def class_rates(
     return min(1.0, expected_pos / positives), min(1.0, expected_neg / negatives)
 
 
-class PoissonBatches:
+class PoissonBatches(SplitStream):
     """Infinite seeded, resumable stream of Poisson-sampled batches of a split (sizes vary,
     ``batch_size`` on average; a batch may be empty). Same interface as ``BatchStream``."""
 
@@ -67,30 +68,19 @@ class PoissonBatches:
         augment: Augment | None = None,
         min_neg_fraction: float = 0.0,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
-        if len(split) == 0:
-            raise ValueError("cannot sample batches from an empty split")
-        self.split = split
-        self.batch_size = batch_size
-        positive = (split.labels == 1).any(dim=1)
-        n_pos = int(positive.sum())
+        super().__init__(split, batch_size, seed, augment)
+        n_pos = int(self._positive.sum())
         self.positive_rate, self.negative_rate = class_rates(
             n_pos, len(split) - n_pos, batch_size, min_pos_fraction, min_neg_fraction
         )
         self._rates = torch.where(
-            positive,
+            self._positive,
             torch.tensor(self.positive_rate, dtype=torch.float64),
             torch.tensor(self.negative_rate, dtype=torch.float64),
         )
         self.sample_rate = float(self._rates.max())  # what the accountant assumes for all
-        self._generator = torch.Generator().manual_seed(int(seed))
-        self.augment = augment
         self.log: DrawLog | None = None  # set by DP-SGD while a node trains
         self._passes = 0
-
-    def __iter__(self) -> PoissonBatches:
-        return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         coins = torch.rand(len(self.split), generator=self._generator, dtype=torch.float64)
@@ -112,21 +102,13 @@ class PoissonBatches:
             yield images, self.split.labels[start : start + batch_size]
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"generator": self._generator.get_state(), "num_rows": len(self.split)}
-        if self.augment is not None:
-            state["augment"] = self.augment.state_dict()
-        return state
+        return self._state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["num_rows"] != len(self.split):
-            raise ValueError(
-                f"state is for a split of {state['num_rows']} rows, this one has {len(self.split)}"
-            )
+        self._check_state(state)
         if "queue" in state:
             raise ValueError(
                 "the saved sampler state is a fixed-size BatchStream's: this node's state was "
                 "written without example-level DP; start the run afresh to add it"
             )
-        self._generator.set_state(state["generator"])
-        if self.augment is not None and "augment" in state:
-            self.augment.load_state_dict(state["augment"])
+        self._load_generators(state)

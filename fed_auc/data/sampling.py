@@ -17,9 +17,10 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.stream import SplitStream
 
 
-class BatchStream:
+class BatchStream(SplitStream):
     """Infinite iterator of `(x, y)` batches of exactly `batch_size` rows of a split.
 
     Rows come from epoch-wise random permutations of the split, consumed in order, so with no
@@ -43,8 +44,7 @@ class BatchStream:
         augment: Augment | None = None,
         min_neg_fraction: float = 0.0,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
+        super().__init__(split, batch_size, seed, augment)
         for name, value in (("min_pos_fraction", min_pos_fraction),
                             ("min_neg_fraction", min_neg_fraction)):  # fmt: skip
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
@@ -55,25 +55,15 @@ class BatchStream:
                 f"min_pos_fraction = {min_pos_fraction!r} and min_neg_fraction = "
                 f"{min_neg_fraction!r} ask for {floors} floored rows in a batch of {batch_size}"
             )
-        if len(split) == 0:
-            raise ValueError("cannot sample batches from an empty split")
-        self.split = split
-        self.batch_size = batch_size
-        self._positive = (split.labels == 1).any(dim=1)
         self._positive_rows = torch.nonzero(self._positive).flatten()
         self._negative_rows = torch.nonzero(~self._positive).flatten()
         has_both = 0 < len(self._positive_rows) < len(split)
         self.min_positives = math.ceil(min_pos_fraction * batch_size) if has_both else 0
         self.min_negatives = math.ceil(min_neg_fraction * batch_size) if has_both else 0
-        self._generator = torch.Generator().manual_seed(int(seed))
         self._queue = torch.empty(0, dtype=torch.long)  # rest of the current epoch(s)
         self._positive_queue = torch.empty(0, dtype=torch.long)
         self._negative_queue = torch.empty(0, dtype=torch.long)
         self.epoch = 0  # epochs started so far
-        self.augment = augment
-
-    def __iter__(self) -> BatchStream:
-        return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.next_indices()
@@ -144,29 +134,19 @@ class BatchStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state and stream position: enough to continue the stream exactly."""
-        state = {
-            "generator": self._generator.get_state(),
-            "queue": self._queue.clone(),
-            "positive_queue": self._positive_queue.clone(),
-            "negative_queue": self._negative_queue.clone(),
-            "epoch": self.epoch,
-            "num_rows": len(self.split),
-        }
-        if self.augment is not None:
-            state["augment"] = self.augment.state_dict()
-        return state
+        return self._state(
+            queue=self._queue.clone(),
+            positive_queue=self._positive_queue.clone(),
+            negative_queue=self._negative_queue.clone(),
+            epoch=self.epoch,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` of a stream over the same split."""
-        if state["num_rows"] != len(self.split):
-            raise ValueError(
-                f"state is for a split of {state['num_rows']} rows, this one has {len(self.split)}"
-            )
-        self._generator.set_state(state["generator"])
+        self._check_state(state)
+        self._load_generators(state)
         self._queue = state["queue"].clone()
         self._positive_queue = state["positive_queue"].clone()
         # states saved before the negative floor existed have no negative queue
         self._negative_queue = state.get("negative_queue", self._negative_queue).clone()
         self.epoch = int(state["epoch"])
-        if self.augment is not None and "augment" in state:
-            self.augment.load_state_dict(state["augment"])

@@ -62,7 +62,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The experiment options plus a ``[flower]`` table, validated before anything starts."""
     from fed_auc.experiment import SIMULATED_FEDERATION, ExperimentConfig
-    from fed_auc.transport.flower.server import FlowerSettings
+    from fed_auc.transport.flower.transport import FlowerSettings
 
     try:
         data = tomllib.loads(path.read_text())

@@ -17,7 +17,7 @@ from fed_auc.evaluation_job import model_request, record_and_write, run_job, tra
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.run import fail_run
 from fed_auc.store import RunStore
-from fed_auc.transport.flower.server import FlowerSettings, FlowerTransport
+from fed_auc.transport.flower.transport import FlowerSettings, FlowerTransport
 
 
 def job_config(config: ExperimentConfig, card: dict[str, Any]) -> ExperimentConfig:

@@ -28,7 +28,7 @@ from fed_auc.site import SiteDefinition
 from fed_auc.store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
-from fed_auc.transport.flower.server import FlowerSettings
+from fed_auc.transport.flower.transport import FlowerSettings
 from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"

@@ -1,0 +1,87 @@
+"""The ``fed-auc`` command: simulate, demo, runs, dashboard; coordinator, node, certs (Flower).
+
+One module per subcommand (its flags and its handler); this one puts them under one parser."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fed_auc.cli.dashboard_process import add_dashboard_parser, dashboard_command
+from fed_auc.cli.data import add_data_card_parser, write_data_cards
+from fed_auc.cli.evaluate import add_evaluate_parser, evaluate_command
+from fed_auc.cli.experiment_options import add_simulate_parser
+from fed_auc.cli.runs import add_runs_parser, runs_command
+from fed_auc.cli.simulate import DEMO, add_demo_parser, demo_command, simulate_command
+from fed_auc.threads import apply_threads, parse_threads
+from fed_auc.transport.flower import cli as flower_cli
+
+__all__ = ["DEMO", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fed-auc", description="Federated deep AUC maximization on medical images."
+    )
+    parser.add_argument(
+        "--threads",
+        type=_threads_arg,
+        default=None,
+        help="torch CPU threads, or 'auto' (default): the cores the load average leaves idle",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_simulate_parser(sub)
+    add_demo_parser(sub)
+    add_data_card_parser(sub)
+    add_evaluate_parser(sub)
+    add_runs_parser(sub)
+    add_dashboard_parser(sub)
+    flower_cli.add_parsers(sub)
+    return parser
+
+
+def _threads_arg(value: str) -> int | None:
+    try:
+        return parse_threads(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _coordinator_command(args: argparse.Namespace) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
+    try:
+        flower_cli.coordinator(args)
+    except KeyboardInterrupt:
+        print("fed-auc coordinator: stopped; the run is marked failed (resumable)")
+        return 130
+    return 0
+
+
+def _certs_command(args: argparse.Namespace) -> int:
+    flower_cli.certs(args)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "simulate": simulate_command,
+    "demo": demo_command,
+    "data-card": write_data_cards,
+    "evaluate": evaluate_command,
+    "runs": runs_command,
+    "dashboard": dashboard_command,
+    "coordinator": _coordinator_command,
+    "node": flower_cli.node,
+    "certs": _certs_command,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # One line per round as it happens, also when the output is a file or a pipe.
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    args = build_parser().parse_args(argv)
+    apply_threads(args.threads)
+    return COMMANDS[args.command](args)

@@ -1,0 +1,153 @@
+"""``fed-auc simulate`` and ``fed-auc demo``: a federation on this machine with a progress bar,
+resumed (``--resume``) or trained once per left-out site (``--leave-each-out``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fed_auc.cli.experiment_options import config_from_args
+from fed_auc.cli.text import fmt
+from fed_auc.experiment import ExperimentConfig
+
+DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
+
+
+def add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="run the demo federation with the embedded defaults")
+    demo.add_argument("--runs-dir", default="runs")
+    demo.add_argument("--json", action="store_true")
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        simulate(None, args.json, resume=(resume_runs_dir(args), args.resume))
+    elif args.leave_each_out:
+        leave_each_out(config_from_args(args), args.json)
+    else:
+        simulate(config_from_args(args), args.json, args.register, args.models_dir)
+    return 0
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    config = ExperimentConfig(runs_dir=args.runs_dir, **DEMO)
+    simulate(config, args.json)
+    if not args.json:
+        print(
+            f"Every round is in the run store {Path(args.runs_dir) / 'fed_auc.sqlite'}; "
+            f"see it with `fed-auc dashboard --runs-dir {args.runs_dir}` "
+            f"or list the runs with `fed-auc runs --runs-dir {args.runs_dir}`."
+        )
+    return 0
+
+
+def simulate(
+    config: ExperimentConfig | None,
+    as_json: bool,
+    register: str | None = None,
+    models_dir: str = "models",
+    resume: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar;
+    optionally register the exported model."""
+    from tqdm import tqdm
+
+    from fed_auc.simulation import rounds_left, run_simulation
+
+    if resume is not None:
+        try:
+            total, desc = rounds_left(*resume), f"resume {resume[1]}"
+        except KeyError as exc:
+            raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
+    else:
+        total, desc = config.rounds, config.algorithm
+    bar = tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
+
+    def on_round(record) -> None:
+        bar.set_postfix(auc=fmt(record.global_auc), worst=fmt(record.worst_site_auc))
+        bar.update(1)
+
+    try:
+        if resume is not None:
+            summary = _resume(resume, on_round)
+        else:
+            summary = run_simulation(config, on_round)
+    finally:
+        bar.close()
+    if register:
+        from fed_auc.registry import register_model
+
+        target = register_model(Path(summary["model_path"]).parent, register, models_dir)
+        summary["registered"] = str(target)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        aucs = summary["global_auc"]
+        print(
+            f"run {summary['run_id']}: pooled test AUC {fmt(aucs[0])} (round 0) → "
+            f"{fmt(aucs[-1])} (round {len(aucs) - 1}); "
+            f"worst site {fmt(summary['worst_site_auc'][-1])}"
+        )
+        print(f"model and model card: {Path(summary['model_path']).parent}")
+    return summary
+
+
+def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
+    from fed_auc.coordinator import FederationError
+    from fed_auc.simulation import resume_simulation
+
+    try:
+        return resume_simulation(*resume, on_round=on_round)
+    except (ValueError, FederationError) as exc:
+        raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
+
+
+def resume_runs_dir(args: argparse.Namespace) -> str:
+    """``--resume`` takes every option from the recorded run; only where it lives may be given."""
+    given = [
+        name
+        for name, value in vars(args).items()
+        if value not in (None, False)
+        and name not in ("command", "resume", "runs_dir", "json", "models_dir")
+    ]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise SystemExit(f"fed-auc simulate --resume uses the run's recorded options; drop {flags}")
+    return args.runs_dir or "runs"
+
+
+def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, Any]]:
+    """``fed-auc simulate --leave-each-out``: one run with every site, one per site without it."""
+    import dataclasses
+
+    from fed_auc.holdout import leave_each_out as run_all
+    from fed_auc.simulation import load_in_process_sites, run_simulation
+
+    if config.hold_out:
+        raise SystemExit("fed-auc simulate: --leave-each-out chooses the held-out sites itself")
+    names = [site.data.name for site in load_in_process_sites(config)[0]]
+
+    def train(held_out: list[str]) -> dict[str, Any]:
+        print(f"leave-each-out: training without {held_out or 'no site'}", file=sys.stderr)
+        return run_simulation(dataclasses.replace(config, hold_out=held_out))
+
+    rows = run_all(names, train)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return rows
+    for row in rows:
+        held, within = row["held_out_auc"], row["in_federation_auc"]
+        print(
+            f"{row['site']:<20} held-out AUC {_aucs(held)} (run {row['held_out_run']})  "
+            f"in-federation AUC {_aucs(within)} (run {row['in_federation_run']})"
+        )
+    return rows
+
+
+def _aucs(values: list[float | None] | None) -> str:
+    if values is None:
+        return "not reported"
+    return "/".join("undefined" if v is None else f"{v:.3f}" for v in values)

@@ -1,0 +1,202 @@
+"""The SQLite run store: one file per runs directory, WAL mode, one transaction per round.
+
+The dashboard reads only this file. A round is written whole or not at all, so a crash
+never leaves a half-written round.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fed_auc.store.evaluations import EVALUATION_SCHEMA, EvaluationTables
+from fed_auc.store.records import RoundRecord, encode_row
+from fed_auc.store.schema import ADDED_COLUMNS, RUN_SCHEMA
+
+STORE_FILE = "fed_auc.sqlite"
+SCHEMA = RUN_SCHEMA + EVALUATION_SCHEMA  # every table
+
+
+class StoreError(RuntimeError):
+    """The store file cannot be used (not SQLite, or not a fed-auc store)."""
+
+
+class RunStore(EvaluationTables):
+    """Reads and writes the runs of one runs directory."""
+
+    def __init__(self, runs_dir: str | Path) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.runs_dir / STORE_FILE
+        self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(SCHEMA)
+            self._add_columns()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(
+                f"{self.path} is not a fed-auc run store (SQLite said: {exc}); move it aside "
+                "or choose another --runs-dir"
+            ) from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _add_columns(self) -> None:
+        """Bring a store written by an older fed-auc up to this schema (ADDED_COLUMNS)."""
+        for table, columns in ADDED_COLUMNS.items():
+            present = {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name not in present:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ------------------------------------------------------------------------
+    def create_run(
+        self,
+        algorithm: str,
+        config: Mapping[str, Any],
+        git_rev: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        run_dir = self.runs_dir / run_id
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO runs (id, algorithm, status, config, started_at, git_rev, run_dir)"
+                " VALUES (?, ?, 'running', ?, ?, ?, ?)",
+                (run_id, algorithm, json.dumps(config), time.time(), git_rev, str(run_dir)),
+            )
+        return run_id
+
+    def update_config(self, run_id: str, config: Mapping[str, Any]) -> None:
+        """Record the run's config once settled (a Flower run fills data-dependent defaults
+        after its nodes register)."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE runs SET config = ? WHERE id = ?", (json.dumps(config), run_id)
+            )
+
+    def record_sites(self, run_id: str, summaries: Mapping[str, Mapping[str, Any]]) -> None:
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO sites (run_id, site, summary) VALUES (?, ?, ?)",
+                [(run_id, site, json.dumps(s)) for site, s in summaries.items()],
+            )
+
+    def record_round(self, run_id: str, record: RoundRecord) -> None:
+        """Write the round, its site rows and its events in one transaction."""
+        row = {k: v for k, v in asdict(record).items() if k not in ("sites", "events")}
+        row.update(run_id=run_id, finished_at=time.time())
+        with self._transaction():
+            self._insert("rounds", encode_row(row))
+            for site in record.sites:
+                self._insert(
+                    "site_rounds",
+                    encode_row({"run_id": run_id, "round": record.round, **asdict(site)}),
+                )
+            for site, level, message in record.events:
+                self._event(run_id, record.round, site, level, message)
+
+    def add_event(
+        self,
+        run_id: str,
+        message: str,
+        level: str = "info",
+        site: str | None = None,
+        round_: int | None = None,
+    ) -> None:
+        with self._transaction():
+            self._event(run_id, round_, site, level, message)
+
+    def finish_run(self, run_id: str, status: str, summary: Mapping[str, Any]) -> None:
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE runs SET status = ?, ended_at = ?, summary = ? WHERE id = ?",
+                (status, time.time(), json.dumps(summary), run_id),
+            )
+
+    def reopen_run(self, run_id: str, message: str) -> None:
+        """Mark a run running again (``--resume``), with an event saying from where."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE runs SET status = 'running', ended_at = NULL WHERE id = ?", (run_id,)
+            )
+            self._event(run_id, None, None, "info", message)
+
+    # -- reading ------------------------------------------------------------------------
+    def runs(self) -> pd.DataFrame:
+        return self._frame("SELECT * FROM runs ORDER BY started_at")
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+        out = dict(row)
+        out["config"] = json.loads(out["config"])
+        out["summary"] = json.loads(out["summary"]) if out["summary"] else None
+        return out
+
+    def rounds(self, run_id: str) -> pd.DataFrame:
+        return self._frame("SELECT * FROM rounds WHERE run_id = ? ORDER BY round", (run_id,))
+
+    def site_rounds(self, run_id: str) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM site_rounds WHERE run_id = ? ORDER BY round, site", (run_id,)
+        )
+
+    def sites(self, run_id: str) -> pd.DataFrame:
+        return self._frame("SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))
+
+    def events(self, run_id: str) -> pd.DataFrame:
+        return self._frame("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+
+    # -- internals ----------------------------------------------------------------------
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._conn)
+
+    def _insert(self, table: str, row: Mapping[str, Any]) -> None:
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self._conn.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(row.values()))
+
+    def _event(
+        self, run_id: str, round_: int | None, site: str | None, level: str, message: str
+    ) -> None:
+        self._conn.execute(
+            "INSERT INTO events (time, run_id, round, site, level, message)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (time.time(), run_id, round_, site, level, message),
+        )
+
+    def _frame(self, sql: str, params: Iterable[Any] = ()) -> pd.DataFrame:
+        return pd.read_sql_query(sql, self._conn, params=tuple(params))
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self._conn.execute("ROLLBACK" if exc_type else "COMMIT")

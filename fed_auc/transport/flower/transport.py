@@ -1,0 +1,299 @@
+"""The coordinator's side of Flower messaging: ``FlowerTransport`` and its ``[flower]`` settings.
+
+``FlowerTransport`` is the Flower twin of ``LocalTransport`` (register, train, evaluate), with
+deadlines: a site that does not answer in time is a ``dropped`` NodeFailure, a Flower error
+reply an ``error`` one, and the round goes on with the rest as long as at least ``min_nodes``
+answered. The round loop itself is ``fed_auc.coordinator.Coordinator``, unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from fed_auc.algorithms.base import Broadcast, Reply
+from fed_auc.coordinator import FederationError
+from fed_auc.dp_sgd import BudgetSpent
+from fed_auc.node import Evaluation
+from fed_auc.node_setup import NodeSetup
+from fed_auc.trainable import Tensors
+from fed_auc.transport.base import NodeFailure
+from fed_auc.transport.flower.client import frame_content, message_frame
+from fed_auc.transport.flower.codec import (
+    Frame,
+    broadcast_frame,
+    frame_evaluation,
+    frame_reply,
+    tensor_frame,
+)
+
+# How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
+# sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
+PULL_INTERVAL_S = 0.05
+
+
+@dataclass
+class FlowerSettings:
+    """The ``[flower]`` table of an experiment config."""
+
+    address: str = "127.0.0.1:9092"  # SuperLink host:port (Fleet, Control and Runtime APIs)
+    expected_sites: int = 1  # n: the sites the coordinator waits for at the start
+    min_nodes: int = 1  # k: fewest sites to start and to complete a round with
+    register_timeout_s: float = 300.0  # how long to wait for the expected sites at the start
+    round_timeout_s: float = 600.0  # deadline of a training phase
+    eval_timeout_s: float = 300.0  # deadline of an evaluation
+    pooled_scoring: bool = False  # per-image scores leave the sites only if this is on
+    certs_dir: str | None = None  # from `fed-auc certs`: TLS and the registered site keys
+    insecure: bool = False  # no TLS, no node keys: loopback experiments only
+
+    def __post_init__(self) -> None:
+        for name in ("expected_sites", "min_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"[flower] {name} must be an integer ≥ 1, got {value!r}")
+        if self.min_nodes > self.expected_sites:
+            raise ValueError(
+                f"[flower] min_nodes ({self.min_nodes}) cannot exceed expected_sites "
+                f"({self.expected_sites})"
+            )
+        host, sep, port = str(self.address).rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"[flower] address must be HOST:PORT, got {self.address!r}")
+        for name in ("register_timeout_s", "round_timeout_s", "eval_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"[flower] {name} must be a number > 0, got {value!r}")
+        if not self.insecure and self.certs_dir is None:
+            raise ValueError("[flower] needs certs_dir (from `fed-auc certs`) or insecure = true")
+
+
+class FlowerTransport:
+    """Requests to the sites' Flower nodes; sites are known by name, node ids may change."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        setup: NodeSetup,
+        settings: FlowerSettings,
+        log=print,
+        event=lambda site, level, message: None,
+    ):
+        """``setup``: the run as nodes see it (``use`` switches it, e.g. for the warm-up);
+        ``event(site, level, message)``: joins, departures and returns, for the store."""
+        self.grid = grid
+        self.log = log
+        self.event = event
+        self.setup = setup.to_dict()
+        self.expected = settings.expected_sites
+        self.settings = settings
+        self.started = time.monotonic()
+        self.away_since: dict[str, float] = {}  # site → when it stopped answering
+        self.node_of: dict[str, int] = {}  # site → its current Flower node id
+        self.registrations: dict[str, dict[str, Any]] = {}
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self._answers: dict[str, dict[str, Any]] = {}  # site → its latest register answer
+        # site → content tags of the tensors its node holds (flower_codec.TensorCache), as its
+        # last answer said; those travel as tags. Forgotten when the site fails or rejoins.
+        self.held: dict[str, list[str]] = {}
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.registrations)
+
+    def use(self, setup: NodeSetup) -> FlowerTransport:
+        """Send ``setup`` with the next requests (the nodes rebuild for it); returns self."""
+        self.setup = setup.to_dict()
+        return self
+
+    def register(self) -> dict[str, dict[str, Any]]:
+        """Wait for the expected sites (at least ``min_nodes``), in federation index order."""
+        if self.registrations:
+            return self.registrations
+        deadline = time.monotonic() + self.settings.register_timeout_s
+        while len(self.node_of) < self.expected and time.monotonic() < deadline:
+            self._discover(timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+            time.sleep(0.5)
+        if len(self.node_of) < self.settings.min_nodes:
+            raise FederationError(
+                f"only {len(self.node_of)} site(s) joined within "
+                f"{self.settings.register_timeout_s:g} s ({sorted(self.node_of)}); "
+                f"min_nodes = {self.settings.min_nodes}"
+            )
+        order = sorted(self._answers, key=lambda s: self._answers[s]["registration"]["order"])
+        for site in order:
+            self.registrations[site] = self._answers[site]["registration"]
+            self.summaries[site] = self._answers[site]["summary"]
+        return self.registrations
+
+    def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
+        memo: dict[int, str] = {}  # the sites share the plan's tensors: hash them once
+        frames = {
+            site: broadcast_frame(b, self.setup, self.held.get(site, []), memo)
+            for site, b in requests.items()
+        }
+        answers = self._ask(frames, "train", self.settings.round_timeout_s)
+        return {
+            site: answer if isinstance(answer, NodeFailure) else _decode(site, frame_reply, answer)
+            for site, answer in answers.items()
+        }
+
+    def secure(
+        self, step: str, messages: Mapping[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """One step of secure aggregation at each site: its JSON message there, the answer
+        back (``fed_auc.secure_aggregation``; the protocol runs in the coordinator and nodes)."""
+        frames = {
+            site: ({"kind": "secure", "setup": self.setup, "step": step, "message": m}, [])
+            for site, m in messages.items()
+        }
+        answers = self._ask(frames, "query", self.settings.round_timeout_s)
+        return {
+            site: a if isinstance(a, NodeFailure) else _decode(site, _secure_answer, a)
+            for site, a in answers.items()
+        }
+
+    def evaluate(
+        self,
+        sites: Sequence[str],
+        tensors: Tensors,
+        pooled: bool = True,
+        thresholds: list[float] | None = None,
+    ) -> dict[str, Evaluation | NodeFailure]:
+        header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
+        if thresholds is not None:  # the nodes bin their test scores around these
+            header["thresholds"] = list(thresholds)
+        memo: dict[int, str] = {}
+        frames = {
+            site: tensor_frame(header, tensors, self.held.get(site, []), memo) for site in sites
+        }
+        answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
+        return {
+            site: a if isinstance(a, NodeFailure) else _decode(site, frame_evaluation, a)
+            for site, a in answers.items()
+        }
+
+    def report(
+        self, sites: Sequence[str], request: Any, tensors: Tensors
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """The evaluation job (``fed_auc.evaluation_job``): each node scores the model on its
+        own splits and answers JSON only; deadline ``eval_timeout_s``."""
+        header = {"kind": "report", "setup": self.setup, "request": request.to_dict()}
+        memo: dict[int, str] = {}
+        frames = {s: tensor_frame(header, tensors, self.held.get(s, []), memo) for s in sites}
+        answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
+        return {
+            s: a if isinstance(a, NodeFailure) else _decode(s, lambda frame: frame[0]["report"], a)
+            for s, a in answers.items()
+        }
+
+    # -- messaging ------------------------------------------------------------------------
+    def _ask(
+        self, frames: Mapping[str, Frame], kind: str, timeout: float
+    ) -> dict[str, Frame | NodeFailure]:
+        """Send each site its frame; whoever has not answered by the deadline is dropped."""
+        self._discover(timeout=min(timeout, 30.0))
+        answers: dict[str, Frame | NodeFailure] = {}
+        messages = []
+        for site, (header, buffers) in frames.items():
+            if site not in self.node_of:
+                answers[site] = NodeFailure(site, "dropped", "node not connected")
+                continue
+            content = frame_content(header, buffers)
+            messages.append(
+                Message(content, dst_node_id=self.node_of[site], message_type=kind, ttl=timeout)
+            )
+        site_of = {node: site for site, node in self.node_of.items()}
+        for reply in self._exchange(messages, timeout):
+            site = site_of.get(reply.metadata.src_node_id)
+            if site is None:
+                continue
+            if reply.has_error():  # a DP-SGD site whose budget is spent says so by name
+                spent = f"{BudgetSpent.__name__}: " in reply.error.reason
+                status = "budget_spent" if spent else "error"
+                answers[site] = NodeFailure(site, status, reply.error.reason)
+            else:
+                answers[site] = message_frame(reply.content)
+        for site in frames:
+            answers.setdefault(
+                site, NodeFailure(site, "dropped", f"no answer within {timeout:g} s")
+            )
+        for site, answer in answers.items():
+            if isinstance(answer, NodeFailure):
+                self.held.pop(site, None)
+                if answer.status == "dropped" and site not in self.away_since:
+                    self.away_since[site] = time.monotonic()
+                    self.event(site, "warning", f"site {site} left: {kind} {answer.message}")
+            else:
+                self.held[site] = answer[0].get("cached", [])
+                if site in self.away_since:  # back, under a new Flower node id or the same
+                    away = time.monotonic() - self.away_since.pop(site)
+                    self.event(site, "info", f"site {site} rejoined after {away:.1f} s away")
+        done = sum(not isinstance(a, NodeFailure) for a in answers.values())
+        if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
+            raise FederationError(
+                f"{done} of {len(frames)} sites answered by the deadline; "
+                f"min_nodes = {self.settings.min_nodes}"
+            )
+        return {site: answers[site] for site in frames}
+
+    def _discover(self, timeout: float) -> None:
+        """Ask nodes we do not know yet which site they serve (a restarted node reappears)."""
+        known = set(self.node_of.values())
+        new = [node for node in self.grid.get_node_ids() if node not in known]
+        if not new:
+            return
+        header = {"kind": "register", "setup": self.setup}
+        messages = [
+            Message(frame_content(header, []), dst_node_id=n, message_type="query", ttl=timeout)
+            for n in new
+        ]
+        for reply in self._exchange(messages, timeout):
+            if reply.has_error():
+                continue
+            answer, _ = message_frame(reply.content)
+            site, node = answer["site"], reply.metadata.src_node_id
+            known_before = site in self._answers
+            self.node_of[site] = node
+            self._answers[site] = answer
+            self.held[site] = answer.get("cached", [])
+            if known_before:  # a return is recorded when the site answers again
+                self.log(f"site {site} reconnected (Flower node {node})")
+            else:
+                waited = time.monotonic() - self.started
+                message = f"site {site} joined after {waited:.1f} s (Flower node {node})"
+                self.event(site, "info", message)
+
+    def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:
+        """Push the messages, then pull replies every ``PULL_INTERVAL_S`` until all are in
+        or the deadline passes."""
+        if not messages:
+            return []
+        pending = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending and time.monotonic() < deadline:
+            got = list(self.grid.pull_messages(pending))
+            replies += got
+            pending -= {reply.metadata.reply_to_message_id for reply in got}
+            if pending:
+                time.sleep(PULL_INTERVAL_S)
+        return replies
+
+
+def _secure_answer(frame: Frame) -> dict[str, Any]:
+    answer = frame[0]["answer"]
+    if not isinstance(answer, dict):
+        raise TypeError(f"secure aggregation answer is a {type(answer).__name__}, not a dict")
+    return answer
+
+
+def _decode(site: str, decode, frame: Frame):
+    try:
+        return decode(frame)
+    except (KeyError, TypeError, ValueError) as exc:
+        return NodeFailure(site, "error", f"undecodable reply: {type(exc).__name__}: {exc}")
