@@ -18,20 +18,25 @@ def test_every_contender_shares_the_federation_seed_and_recipe(tmp_path):
     commands = {arm: bench.command("breast_5", arm, 3, tmp_path) for arm in bench.ARMS}
     base = [a for a in commands[bench.BASELINE] if a not in bench.ARMS[bench.BASELINE]]
     for arm, cmd in commands.items():
-        assert [a for a in cmd if a not in bench.ARMS[arm]] == base
+        auc = [] if arm in bench.WITHOUT_AUC_RECIPE else bench.AUC_FILE_RECIPE
+        shared = [a for a in cmd if a not in bench.ARMS[arm] and a not in auc]
+        assert shared == base, arm
+        assert ("--warmup-head" in cmd) == bool(auc) and ("dual_lr=prevalence" in cmd) == bool(auc)
         assert cmd[cmd.index("--seed") + 1] == "3"
         assert cmd[cmd.index("--positive-label") + 1] == "0"
         assert cmd[cmd.index("--partition") + 1] == "imratio:0.05,0.05,0.05,0.05"
     assert "--loss" not in commands[bench.BASELINE]  # fedavg's own default: cross-entropy
     synthetic = bench.command("synthetic_rare", "CODASCA", 0, tmp_path, quick=True)
     assert "--positive-label" not in synthetic and "--data" not in synthetic
+    assert "--warmup-head" not in synthetic and "dual_lr=prevalence" in synthetic  # no warm-up
     assert bench.federation_partition("breast_2") == "imratio:0.01,0.02,0.01,0.02"
 
 
 def test_a_changed_option_comes_after_the_recipe_so_it_wins(tmp_path):
-    extra = auc_causes.VARIANTS["lr 0.1"]
+    extra = auc_causes.SCREENED + auc_causes.VARIANTS["lr 0.1"]
     cmd = bench.command("breast_5", "CODASCA", 0, tmp_path, extra=extra)
-    assert max(i for i, a in enumerate(cmd) if a == "--lr") > cmd.index("0.2")
+    lrs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--lr"]
+    assert lrs == ["0.8", "0.2", "0.1"]  # the recipe's, the screen's, the variant's: last wins
 
 
 def test_paired_interval_matches_a_t_interval_and_brackets_the_mean():
