@@ -113,8 +113,10 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--dp",
         choices=["update", "example"],
         help="client-side DP: 'update' clips and noises each site's whole update (default when "
-        "--dp-clip is given); 'example' is DP-SGD: each example's gradient clipped in every "
-        "local step, with an (ε, δ) accountant per site and GroupNorm in the model",
+        "--dp-clip is given), with a site-level (ε, δ) accountant per site (one hospital's whole "
+        "data) and GroupNorm when there is noise; 'example' is DP-SGD: each example's gradient "
+        "clipped in every local step, with an example-level (ε, δ) accountant per site and "
+        "GroupNorm in the model",
     )
     p.add_argument(
         "--dp-clip",
@@ -126,14 +128,15 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target-epsilon",
         type=float,
-        help="--dp example: derive σ so each site spends this ε over the run; a site whose "
-        "budget is spent stops training",
+        help="derive σ so each site spends this ε over the run (--dp example: per example, "
+        "--dp update: per site); a site whose budget is spent stops training",
     )
-    p.add_argument("--delta", dest="dp_delta", type=float, help="--dp example: δ (1e-5)")
+    p.add_argument("--delta", dest="dp_delta", type=float, help="DP's δ (1e-5)")
     p.add_argument(
         "--norm",
         choices=["batch", "group"],
-        help="the network's normalization (default: group with --dp example, else batch)",
+        help="the network's normalization (default: group with --dp example or a noised "
+        "--dp update, else batch)",
     )
     p.add_argument(
         "--secure-aggregation",

@@ -28,7 +28,7 @@ from fed_auc.models import ARCHITECTURES, NORMS
 from fed_auc.node_setup import NodeSetup
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
-from fed_auc.privacy import Privacy
+from fed_auc.privacy import UpdateDP
 from fed_auc.robust import Aggregation
 from fed_auc.selection import parse_select
 from fed_auc.tta import TTA_MODES, default_tta
@@ -130,12 +130,14 @@ class ExperimentConfig:
     # Reliability and privacy: replies whose update (‖v_k − v‖ of iterates, the server step of a
     # gradient reply: Backend.update_norm) exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
-    # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
+    # of standard deviation dp_noise · dp_clip, or with the σ that spends target_epsilon over
+    # the run, and counts each update in its site-level accountant (fed_auc.privacy).
     max_update_norm: float | None = None
     aggregation: str = "mean"  # or centered_clip:τ (fed_auc.robust)
     dp_clip: float | None = None
     dp_noise: float = 0.0
-    # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy);
+    # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy), ε for
+    # one whole site's data, GroupNorm in the model when there is noise;
     # "example" = DP-SGD, each example's gradient clipped to dp_clip in every local step and
     # noised with σ = dp_noise, or with the σ that spends target_epsilon at dp_delta over the
     # run (fed_auc.dp_sgd), an accountant per site, GroupNorm in the model.
@@ -143,7 +145,8 @@ class ExperimentConfig:
     dp_delta: float = 1e-5
     target_epsilon: float | None = None
     # The network's normalization layers: batch or group (GroupNorm through MONAI's norm
-    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch),
+    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch) and
+    # noised dp = 'update' (BatchNorm's statistics would leave the node un-noised),
     # else batch. Giving group without DP measures what GroupNorm alone costs.
     norm: str | None = None
     # Secure aggregation (fed_auc.secure_aggregation): the coordinator learns only the sums of
@@ -349,17 +352,29 @@ class ExperimentConfig:
                     "outside the run's DP accountant; set it to 0 with dp = 'example'"
                 )
             return
-        if self.target_epsilon is not None:
+        if self.dp_clip is None:
+            if self.dp == "update":
+                raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
+            if self.dp_noise:
+                raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+            if self.target_epsilon is not None:
+                raise ValueError(
+                    f"target_epsilon = {self.target_epsilon!r} needs dp_clip (dp = 'update' or "
+                    "'example')"
+                )
+            return
+        if not self.update_dp().accounted:  # validates dp_clip, dp_noise / target_epsilon, δ
+            return  # clipping only: no noise, no ε
+        if self.norm == "batch":
             raise ValueError(
-                f"target_epsilon = {self.target_epsilon!r} needs dp = 'example' (the "
-                "update-level DP has no accountant here)"
+                "norm = 'batch' cannot be used with dp = 'update' and noise: BatchNorm's running "
+                "statistics leave the node un-noised, outside the accountant; use norm = 'group'"
             )
-        if self.dp_clip is not None:
-            Privacy(self.dp_clip, self.dp_noise)  # validates both
-        elif self.dp == "update":
-            raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
-        elif self.dp_noise:
-            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+        if self.warmup_rounds:
+            raise ValueError(
+                f"warmup_rounds = {self.warmup_rounds}: the warm-up trains on site data "
+                "outside the run's DP accountant; set it to 0 with dp = 'update' and noise"
+            )
 
     def example_dp(self) -> ExampleDP | None:
         """DP-SGD's settings (dp = 'example'), planned for every round's local steps."""
@@ -377,11 +392,28 @@ class ExperimentConfig:
             seed=self.seed,
         )
 
+    def update_dp(self) -> UpdateDP | None:
+        """Update-level DP's settings (dp_clip without dp = 'example'), planned for every
+        round's phases: a site may take part in all of them."""
+        if self.dp == "example" or self.dp_clip is None:
+            return None
+        return UpdateDP(
+            clip=self.dp_clip,
+            noise_multiplier=self.dp_noise,
+            delta=self.dp_delta,
+            target_epsilon=self.target_epsilon,
+            planned_releases=self.rounds * len(ALGORITHMS[self.algorithm].phases),
+            seed=self.seed,
+        )
+
     def model_norm(self) -> str:
-        """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples)."""
+        """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples) and
+        under noised update-level DP (BatchNorm's statistics would leave un-noised)."""
         if self.norm is not None:
             return self.norm
-        return "group" if self.dp == "example" else "batch"
+        update = self.update_dp()
+        private = self.dp == "example" or (update is not None and update.accounted)
+        return "group" if private else "batch"
 
     def _check_sites_option(self) -> None:
         """Options that describe a simulated federation: refused where sites own their data."""
@@ -461,7 +493,7 @@ class ExperimentConfig:
     ) -> NodeSetup:
         """What every node of this experiment needs (JSON-able, sent with each Flower request)."""
         personalization = self.personalization(num_sites)
-        example = self.example_dp()
+        example, update = self.example_dp(), self.update_dp()
         return NodeSetup(
             run_id=run_id,
             algorithm=self.algorithm,
@@ -477,8 +509,7 @@ class ExperimentConfig:
             image_size=self.image_size,
             num_labels=num_labels,
             data_scale=self.data_scale,
-            dp_clip=self.dp_clip,
-            dp_noise=self.dp_noise,
+            update_dp=dataclasses.asdict(update) if update else None,
             example_dp=dataclasses.asdict(example) if example else None,
             partial_training=self.partial_training,
             personalize=self.personalize,

@@ -19,10 +19,10 @@ import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
+from fed_auc.accounting import BudgetSpent
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
-from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.holdout import TrainingSites, evaluate_export
 from fed_auc.losses import build_loss
