@@ -148,7 +148,15 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--secure-aggregation-threshold",
         type=int,
-        help="sites needed to unmask a sum (default: a majority of the sampled sites, ≥ 2)",
+        help="shares that rebuild a site's secrets, from the site and its neighbours (default: "
+        "a majority of them, ≥ 2)",
+    )
+    p.add_argument(
+        "--secure-aggregation-neighbours",
+        type=int,
+        metavar="K",
+        help="SecAgg+: each site masks and shares with K neighbours on a ring graph (even K, or "
+        "n − 1 for the full graph; default: 2⌈log₂ n⌉ of n sampled sites, full up to 7)",
     )
     p.add_argument(
         "--resume",

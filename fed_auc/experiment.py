@@ -149,11 +149,14 @@ class ExperimentConfig:
     # noised dp = 'update' (BatchNorm's statistics would leave the node un-noised),
     # else batch. Giving group without DP measures what GroupNorm alone costs.
     norm: str | None = None
-    # Secure aggregation (fed_auc.secure_aggregation): the coordinator learns only the sums of
-    # the sampled sites' masked replies; a sum needs `secure_aggregation_threshold` sites (None:
-    # a majority of the sampled sites, at least 2). Refuses options that need single replies.
+    # Secure aggregation (fed_auc.secure_aggregation, SecAgg+): the coordinator learns only the
+    # sums of the sampled sites' masked replies. Each site masks and shares with its
+    # `secure_aggregation_neighbours` k neighbours (None: 2⌈log₂ n⌉ of n sampled sites, the full
+    # graph up to 7); `secure_aggregation_threshold` of a site's neighbourhood rebuild its
+    # secrets (None: a majority of it, at least 2). Refuses options that need single replies.
     secure_aggregation: bool = False
     secure_aggregation_threshold: int | None = None
+    secure_aggregation_neighbours: int | None = None
     runs_dir: str = "runs"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
@@ -307,8 +310,9 @@ class ExperimentConfig:
     def _check_secure_aggregation(self, backend) -> None:
         """Refuse, by name and with the reason, what secure aggregation cannot do."""
         if not self.secure_aggregation:
-            if self.secure_aggregation_threshold is not None:
-                raise ValueError("secure_aggregation_threshold needs secure_aggregation")
+            for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} needs secure_aggregation")
             return
         try:
             from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
@@ -318,19 +322,30 @@ class ExperimentConfig:
                 "pip install 'fed-auc[secure-aggregation]'"
             ) from None
 
-        settings = SecureAggregation(self.secure_aggregation_threshold)
+        settings = SecureAggregation(
+            self.secure_aggregation_threshold, self.secure_aggregation_neighbours
+        )
         refuse_options(self.aggregation, self.max_update_norm, backend)
         if self.transport != "local":
             return  # the sites are known once they register (the coordinator checks)
         phases = [backend.phase_participation(p) or self.participation for p in backend.phases]
-        sampled = min(max(1, math.ceil(f * self.sites)) for f in phases)
-        threshold = settings.threshold_for([""] * sampled)
-        if sampled < 2 or threshold > sampled:
-            raise ValueError(
-                f"secure_aggregation needs at least 2 sampled sites and a threshold no larger "
-                f"than them: {sampled} of {self.sites} sites are sampled (participation "
-                f"{self.participation}), threshold {threshold}"
-            )
+        for sampled in sorted({max(1, math.ceil(f * self.sites)) for f in phases}):
+            if sampled < 2:
+                raise ValueError(
+                    f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
+                    f"{self.sites} sites are sampled (participation {self.participation})"
+                )
+            try:
+                k = settings.neighbours_for([""] * sampled)
+            except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
+                raise ValueError(str(exc)) from None
+            threshold = settings.threshold_for([""] * sampled)
+            if threshold > k + 1:
+                raise ValueError(
+                    f"secure_aggregation_threshold {threshold} is larger than a site's "
+                    f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
+                    f"({self.sites} sites, participation {self.participation})"
+                )
 
     def _check_dp(self) -> None:
         if self.dp is not None:

@@ -139,7 +139,9 @@ def secure_aggregation(config: ExperimentConfig):
         return None
     from fed_auc.secure_aggregation.rounds import SecureAggregation
 
-    return SecureAggregation(config.secure_aggregation_threshold)
+    return SecureAggregation(
+        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
+    )
 
 
 def start_coordinator(
