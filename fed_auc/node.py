@@ -186,8 +186,8 @@ class Node:
             if dp is not None:
                 dp.check_open()  # a site whose budget is spent trains no more
         self._sync_local_state(broadcast)
-        if updates is not None:  # the update's key: the broadcast and where the sampler starts
-            key = updates.release_key(broadcast, self.batches.state_dict())
+        # the update's key (update-level DP): the broadcast and where the sampler starts
+        key = "" if updates is None else updates.release_key(broadcast, self.batches.state_dict())
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
         with private.update(self.trainable, broadcast) if private else nullcontext() as log:
