@@ -1,8 +1,9 @@
 """What the Sites page says about differential privacy, from the store alone. No Streamlit.
 
 The run's config says which DP it used; ``site_rounds.dp_epsilon`` holds each site's ε spent
-so far (its own accountant, as the node reported it), carried into the rounds it did not
-train; ``status == "budget_spent"`` marks a site that refused to release a further update.
+so far (its own accountant, as the node reported it: per example under DP-SGD, per site under
+update-level DP), carried into the rounds it did not train; ``status == "budget_spent"``
+marks a site that refused to release a further update.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 from app.queries import RunData
 
 BUDGET_SPENT = "budget_spent"
+DEFAULT_DELTA = 1e-5  # ExperimentConfig's, for a config that did not record one
 EXAMPLE_SCOPE = (
     "ε is each site's own: it bounds what everything that site sent over the run (every update, "
     "hence also the final model) reveals about any one of its training examples (one image "
@@ -23,9 +25,17 @@ EXAMPLE_SCOPE = (
     "noised."
 )
 UPDATE_SCOPE = (
-    "Update-level DP clips the move of each site's whole update to C and adds Gaussian noise "
-    "σ·C on the node: the unit it would protect is the site's whole update (all its patients "
-    "together). No accountant runs for it in this version, so no ε is recorded."
+    "ε is each site's own, at the site level: it bounds what everything that site sent over "
+    "the run (each update clipped to C with Gaussian noise σ·C, hence also the final model) "
+    "reveals about the site's whole dataset, all its patients together, except with "
+    "probability δ. It says nothing finer about one patient than about the whole hospital, and "
+    "with few sites the noise a small ε needs is large against the sites' mean update. Every "
+    "round a site took part in counts in full (the site sample is seeded, not secret). It does "
+    "not cover the site's counts, prevalence, steps or evaluation results."
+)
+CLIP_ONLY_SCOPE = (
+    "Update-level clipping without noise (σ = 0) bounds each site's influence on a round but "
+    "is no differential privacy: no ε."
 )
 
 
@@ -36,13 +46,20 @@ class DPSettings:
     mode: str  # "example" or "update"
     clip: float | None
     noise_multiplier: float | None
-    delta: float | None
+    delta: float
     target_epsilon: float | None
 
+    @property
+    def accounted(self) -> bool:
+        """Whether the sites ran an accountant (DP-SGD, or update-level DP with noise)."""
+        noised = bool(self.noise_multiplier) or self.target_epsilon is not None
+        return self.mode == "example" or noised
+
     def noise_text(self) -> str:
-        if self.mode == "example" and self.target_epsilon is not None:
-            return f"σ calibrated per site to spend ε = {self.target_epsilon:g} over the run"
-        return f"σ = {self.noise_multiplier:g}" if self.noise_multiplier is not None else "none"
+        if self.target_epsilon is not None:
+            per = "per site" if self.mode == "example" else "for the planned rounds"
+            return f"σ calibrated {per} to spend ε = {self.target_epsilon:g} over the run"
+        return f"σ = {self.noise_multiplier:g}" if self.noise_multiplier else "none"
 
     def of_target(self) -> str:
         """' of target T' when the run set a target ε, else nothing."""
@@ -61,7 +78,7 @@ def dp_settings(config: dict[str, Any] | None) -> DPSettings | None:
         mode=mode,
         clip=clip,
         noise_multiplier=None if mode == "example" and not noise else noise,
-        delta=config.get("dp_delta") if mode == "example" else None,
+        delta=config.get("dp_delta", DEFAULT_DELTA),
         target_epsilon=config.get("target_epsilon"),
     )
 

@@ -1,4 +1,7 @@
-"""A site's (ε, δ) for example-level DP-SGD, from Google's ``dp-accounting`` (RDP accountant).
+"""A site's (ε, δ), from Google's ``dp-accounting`` (RDP accountant), for either DP mode.
+
+Example-level DP-SGD (``fed_auc.dp_sgd``) counts local steps; update-level DP
+(``fed_auc.privacy``) counts one Gaussian mechanism per block of each update a site sends.
 
 The node never computes ε itself: it records what it released as ``dp-accounting`` events
 and asks the library. One local step on a Poisson-sampled batch (each row in with
@@ -18,6 +21,7 @@ key), so releasing it again costs nothing and is not counted twice.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -33,7 +37,13 @@ from fed_auc.io import save_json
 if TYPE_CHECKING:
     import dp_accounting
 
+    from fed_auc.algorithms.base import Broadcast
+
 LEDGER_FILE = "privacy_ledger.json"
+
+
+class BudgetSpent(RuntimeError):
+    """The site's privacy budget does not allow another release: it stops training."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,48 @@ class PrivacyLedger:
         self.spent_at = round_
         self._save()
 
+    def check_open(self, target_epsilon: float | None) -> None:
+        """Raise ``BudgetSpent`` if an earlier round found the budget spent."""
+        if self.spent_at is not None:
+            raise BudgetSpent(
+                f"privacy budget spent at round {self.spent_at}: ε = {self.epsilon():.3g} of "
+                f"{target_epsilon} (δ = {self.delta}); site stopped training"
+            )
+
+    def spend(
+        self, key: str, round_: int, phase: str, steps: Iterable[Step], target: float | None
+    ) -> float:
+        """Count the release ``key`` (free when already counted: the same key is the same
+        bytes) and return ε with it; refuse it (``BudgetSpent``, and the site stops) when it
+        would take ε past ``target``."""
+        steps = [] if key in self else list(steps)
+        before = self.epsilon()
+        after = self.epsilon(steps) if steps else before
+        if target is not None and after > target:
+            self.mark_spent(round_)
+            raise BudgetSpent(
+                f"privacy budget spent: this update would take ε from {before:.3g} to "
+                f"{after:.3g} > target {target} (δ = {self.delta}); it was not sent and the "
+                "site stops training"
+            )
+        self.record(key, round_, phase, steps, after)
+        return self.epsilon()
+
     def _save(self) -> None:
         save_json({"delta": self.delta, "releases": self.releases, "spent_at": self.spent_at},
                   self.path)  # fmt: skip
+
+
+def release_key(seed: int, site: str, broadcast: Broadcast, sampler: dict) -> str:
+    """What fixes a release entirely: seed, site, round, phase, the broadcast's tensors and
+    the sampler's state (``sampler``: its ``state_dict()`` before the update). The noise is
+    seeded by it, so the same key is the same bytes and a new key draws fresh noise."""
+    digest = hashlib.sha256(f"{seed}:{site}:{broadcast.round}:{broadcast.phase}".encode())
+    for name in sorted(broadcast.tensors):
+        digest.update(name.encode())
+        digest.update(broadcast.tensors[name].detach().contiguous().numpy().tobytes())
+    digest.update(sampler["generator"].numpy().tobytes())
+    return digest.hexdigest()
 
 
 @contextmanager
@@ -161,7 +210,8 @@ def _library():
         import dp_accounting
     except ImportError:
         raise ImportError(
-            "dp = 'example' needs Google's dp-accounting: pip install 'fed-auc[privacy]'"
+            "differential privacy's accountant (dp = 'example', or dp = 'update' with noise) "
+            "needs Google's dp-accounting: pip install 'fed-auc[privacy]'"
         ) from None
     return dp_accounting
 

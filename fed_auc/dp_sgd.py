@@ -27,7 +27,6 @@ one-row loss. BatchNorm mixes the rows of a batch, so DP needs GroupNorm (``mode
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,17 +36,19 @@ from typing import Any
 import torch
 from torch.func import functional_call, grad, vmap
 
-from fed_auc.accounting import PrivacyLedger, Step, check_delta, noise_for_epsilon
+from fed_auc.accounting import (
+    PrivacyLedger,
+    Step,
+    check_delta,
+    noise_for_epsilon,
+    release_key,
+)
 from fed_auc.algorithms.base import Broadcast, Reply, validate_positive
 from fed_auc.data.poisson import PoissonBatches
+from fed_auc.privacy import DATA_METRICS
 from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable
 
 DP_MODES = ("update", "example")
-DATA_METRICS = ("train_loss",)  # computed from the raw batches: never sent under DP-SGD
-
-
-class BudgetSpent(RuntimeError):
-    """The site's privacy budget does not allow another release: it stops training."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class DrawLog:
     """The batches drawn during one local update and how often each was evaluated."""
 
     def __init__(self, key: str = "") -> None:
-        self.key = key  # the release this update makes (PrivateTraining.release_key)
+        self.key = key  # the release this update makes (accounting.release_key)
         self.draws: list[list[Any]] = []  # [q, normalizer, evaluations, pass id or None]
 
     def draw(self, q: float, normalizer: float) -> None:
@@ -234,17 +235,12 @@ class PrivateTraining:
 
     def check_open(self) -> None:
         """Raise ``BudgetSpent`` if an earlier round found the budget spent."""
-        if self.ledger.spent_at is not None:
-            raise BudgetSpent(
-                f"privacy budget spent at round {self.ledger.spent_at}: ε = "
-                f"{self.ledger.epsilon():.3g} of {self.dp.target_epsilon} (δ = {self.dp.delta}); "
-                "site stopped training"
-            )
+        self.ledger.check_open(self.dp.target_epsilon)
 
     @contextmanager
     def update(self, trainable: Trainable, broadcast: Broadcast) -> Iterator[DrawLog]:
         """Private gradients for one ``client_update``; noise seeded by the release's key."""
-        key = self.release_key(broadcast)
+        key = release_key(self.dp.seed, self.site, broadcast, self.batches.state_dict())
         log = DrawLog(key)
         generator = torch.Generator().manual_seed(int(key[:16], 16))
         trainable.private = PrivateGradients(self.dp.clip, self.sigma, log, generator)
@@ -255,29 +251,10 @@ class PrivateTraining:
             trainable.private = None
             self.batches.log = None
 
-    def release_key(self, broadcast: Broadcast) -> str:
-        """What fixes this release: seed, site, round, phase, broadcast and sampler state."""
-        digest = hashlib.sha256(f"{self.dp.seed}:{self.site}:{broadcast.round}:"
-                                f"{broadcast.phase}".encode())  # fmt: skip
-        for name in sorted(broadcast.tensors):
-            digest.update(name.encode())
-            digest.update(broadcast.tensors[name].detach().contiguous().numpy().tobytes())
-        digest.update(self.batches.state_dict()["generator"].numpy().tobytes())
-        return digest.hexdigest()
-
     def release(self, reply: Reply, broadcast: Broadcast, log: DrawLog) -> Reply:
         """Count the release, or refuse it (``BudgetSpent``) if it would pass the target."""
-        steps = [] if log.key in self.ledger else log.steps(self.sigma)  # a repeat is free
-        before = self.ledger.epsilon()
-        after = self.ledger.epsilon(steps) if steps else before
-        if self.dp.target_epsilon is not None and after > self.dp.target_epsilon:
-            self.ledger.mark_spent(broadcast.round)
-            raise BudgetSpent(
-                f"privacy budget spent: this update would take ε from {before:.3g} to "
-                f"{after:.3g} > target {self.dp.target_epsilon} (δ = {self.dp.delta}); it was "
-                f"not sent and the site stops training"
-            )
-        self.ledger.record(log.key, broadcast.round, broadcast.phase, steps, after)
+        steps = log.steps(self.sigma)
+        self.ledger.spend(log.key, broadcast.round, broadcast.phase, steps, self.dp.target_epsilon)
         metrics = {k: v for k, v in reply.metrics.items() if k not in DATA_METRICS}
         metrics.update(
             dp_epsilon=self.ledger.epsilon(),

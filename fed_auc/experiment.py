@@ -28,7 +28,7 @@ from fed_auc.models import ARCHITECTURES, NORMS
 from fed_auc.node_setup import NodeSetup
 from fed_auc.partial import parse_budget
 from fed_auc.personal import Personalization
-from fed_auc.privacy import Privacy
+from fed_auc.privacy import UpdateDP
 from fed_auc.robust import Aggregation
 from fed_auc.selection import parse_select
 from fed_auc.tta import TTA_MODES, default_tta
@@ -130,12 +130,14 @@ class ExperimentConfig:
     # Reliability and privacy: replies whose update (‖v_k − v‖ of iterates, the server step of a
     # gradient reply: Backend.update_norm) exceeds the bound are rejected; with
     # dp_clip, every node clips each block of its update to that norm and adds Gaussian noise
-    # of standard deviation dp_noise · dp_clip (fed_auc.privacy).
+    # of standard deviation dp_noise · dp_clip, or with the σ that spends target_epsilon over
+    # the run, and counts each update in its site-level accountant (fed_auc.privacy).
     max_update_norm: float | None = None
     aggregation: str = "mean"  # or centered_clip:τ (fed_auc.robust)
     dp_clip: float | None = None
     dp_noise: float = 0.0
-    # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy);
+    # Which DP: None/"update" = the update-level clip and noise above (fed_auc.privacy), ε for
+    # one whole site's data, GroupNorm in the model when there is noise;
     # "example" = DP-SGD, each example's gradient clipped to dp_clip in every local step and
     # noised with σ = dp_noise, or with the σ that spends target_epsilon at dp_delta over the
     # run (fed_auc.dp_sgd), an accountant per site, GroupNorm in the model.
@@ -143,14 +145,18 @@ class ExperimentConfig:
     dp_delta: float = 1e-5
     target_epsilon: float | None = None
     # The network's normalization layers: batch or group (GroupNorm through MONAI's norm
-    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch),
+    # option). None: group under dp = 'example' (BatchNorm mixes the examples of a batch) and
+    # noised dp = 'update' (BatchNorm's statistics would leave the node un-noised),
     # else batch. Giving group without DP measures what GroupNorm alone costs.
     norm: str | None = None
-    # Secure aggregation (fed_auc.secure_aggregation): the coordinator learns only the sums of
-    # the sampled sites' masked replies; a sum needs `secure_aggregation_threshold` sites (None:
-    # a majority of the sampled sites, at least 2). Refuses options that need single replies.
+    # Secure aggregation (fed_auc.secure_aggregation, SecAgg+): the coordinator learns only the
+    # sums of the sampled sites' masked replies. Each site masks and shares with its
+    # `secure_aggregation_neighbours` k neighbours (None: 2⌈log₂ n⌉ of n sampled sites, the full
+    # graph up to 7); `secure_aggregation_threshold` of a site's neighbourhood rebuild its
+    # secrets (None: a majority of it, at least 2). Refuses options that need single replies.
     secure_aggregation: bool = False
     secure_aggregation_threshold: int | None = None
+    secure_aggregation_neighbours: int | None = None
     runs_dir: str = "runs"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
@@ -304,8 +310,9 @@ class ExperimentConfig:
     def _check_secure_aggregation(self, backend) -> None:
         """Refuse, by name and with the reason, what secure aggregation cannot do."""
         if not self.secure_aggregation:
-            if self.secure_aggregation_threshold is not None:
-                raise ValueError("secure_aggregation_threshold needs secure_aggregation")
+            for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} needs secure_aggregation")
             return
         try:
             from fed_auc.secure_aggregation.rounds import SecureAggregation, refuse_options
@@ -315,19 +322,30 @@ class ExperimentConfig:
                 "pip install 'fed-auc[secure-aggregation]'"
             ) from None
 
-        settings = SecureAggregation(self.secure_aggregation_threshold)
+        settings = SecureAggregation(
+            self.secure_aggregation_threshold, self.secure_aggregation_neighbours
+        )
         refuse_options(self.aggregation, self.max_update_norm, backend)
         if self.transport != "local":
             return  # the sites are known once they register (the coordinator checks)
         phases = [backend.phase_participation(p) or self.participation for p in backend.phases]
-        sampled = min(max(1, math.ceil(f * self.sites)) for f in phases)
-        threshold = settings.threshold_for([""] * sampled)
-        if sampled < 2 or threshold > sampled:
-            raise ValueError(
-                f"secure_aggregation needs at least 2 sampled sites and a threshold no larger "
-                f"than them: {sampled} of {self.sites} sites are sampled (participation "
-                f"{self.participation}), threshold {threshold}"
-            )
+        for sampled in sorted({max(1, math.ceil(f * self.sites)) for f in phases}):
+            if sampled < 2:
+                raise ValueError(
+                    f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
+                    f"{self.sites} sites are sampled (participation {self.participation})"
+                )
+            try:
+                k = settings.neighbours_for([""] * sampled)
+            except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
+                raise ValueError(str(exc)) from None
+            threshold = settings.threshold_for([""] * sampled)
+            if threshold > k + 1:
+                raise ValueError(
+                    f"secure_aggregation_threshold {threshold} is larger than a site's "
+                    f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
+                    f"({self.sites} sites, participation {self.participation})"
+                )
 
     def _check_dp(self) -> None:
         if self.dp is not None:
@@ -349,17 +367,29 @@ class ExperimentConfig:
                     "outside the run's DP accountant; set it to 0 with dp = 'example'"
                 )
             return
-        if self.target_epsilon is not None:
+        if self.dp_clip is None:
+            if self.dp == "update":
+                raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
+            if self.dp_noise:
+                raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+            if self.target_epsilon is not None:
+                raise ValueError(
+                    f"target_epsilon = {self.target_epsilon!r} needs dp_clip (dp = 'update' or "
+                    "'example')"
+                )
+            return
+        if not self.update_dp().accounted:  # validates dp_clip, dp_noise / target_epsilon, δ
+            return  # clipping only: no noise, no ε
+        if self.norm == "batch":
             raise ValueError(
-                f"target_epsilon = {self.target_epsilon!r} needs dp = 'example' (the "
-                "update-level DP has no accountant here)"
+                "norm = 'batch' cannot be used with dp = 'update' and noise: BatchNorm's running "
+                "statistics leave the node un-noised, outside the accountant; use norm = 'group'"
             )
-        if self.dp_clip is not None:
-            Privacy(self.dp_clip, self.dp_noise)  # validates both
-        elif self.dp == "update":
-            raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
-        elif self.dp_noise:
-            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+        if self.warmup_rounds:
+            raise ValueError(
+                f"warmup_rounds = {self.warmup_rounds}: the warm-up trains on site data "
+                "outside the run's DP accountant; set it to 0 with dp = 'update' and noise"
+            )
 
     def example_dp(self) -> ExampleDP | None:
         """DP-SGD's settings (dp = 'example'), planned for every round's local steps."""
@@ -377,11 +407,28 @@ class ExperimentConfig:
             seed=self.seed,
         )
 
+    def update_dp(self) -> UpdateDP | None:
+        """Update-level DP's settings (dp_clip without dp = 'example'), planned for every
+        round's phases: a site may take part in all of them."""
+        if self.dp == "example" or self.dp_clip is None:
+            return None
+        return UpdateDP(
+            clip=self.dp_clip,
+            noise_multiplier=self.dp_noise,
+            delta=self.dp_delta,
+            target_epsilon=self.target_epsilon,
+            planned_releases=self.rounds * len(ALGORITHMS[self.algorithm].phases),
+            seed=self.seed,
+        )
+
     def model_norm(self) -> str:
-        """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples)."""
+        """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples) and
+        under noised update-level DP (BatchNorm's statistics would leave un-noised)."""
         if self.norm is not None:
             return self.norm
-        return "group" if self.dp == "example" else "batch"
+        update = self.update_dp()
+        private = self.dp == "example" or (update is not None and update.accounted)
+        return "group" if private else "batch"
 
     def _check_sites_option(self) -> None:
         """Options that describe a simulated federation: refused where sites own their data."""
@@ -461,7 +508,7 @@ class ExperimentConfig:
     ) -> NodeSetup:
         """What every node of this experiment needs (JSON-able, sent with each Flower request)."""
         personalization = self.personalization(num_sites)
-        example = self.example_dp()
+        example, update = self.example_dp(), self.update_dp()
         return NodeSetup(
             run_id=run_id,
             algorithm=self.algorithm,
@@ -477,8 +524,7 @@ class ExperimentConfig:
             image_size=self.image_size,
             num_labels=num_labels,
             data_scale=self.data_scale,
-            dp_clip=self.dp_clip,
-            dp_noise=self.dp_noise,
+            update_dp=dataclasses.asdict(update) if update else None,
             example_dp=dataclasses.asdict(example) if example else None,
             partial_training=self.partial_training,
             personalize=self.personalize,

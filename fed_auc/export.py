@@ -102,25 +102,30 @@ def render_card(card: dict[str, Any]) -> str:
 
 
 def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
-    """The DP section: each site's (ε, δ) from its own accountant, or the update-level
-    setting (which has no ε)."""
+    """The DP section: each site's (ε, δ) from its own accountant, per example (DP-SGD) or per
+    site (update-level), or update-level clipping without noise (which has no ε)."""
     if not privacy:
         return []
-    if privacy["mode"] != "example":
+    if privacy.get("sites") is None:
         return ["", "## Privacy", "",
-                f"- Update-level DP: clip {privacy['clip']}, noise multiplier "
-                f"{privacy['noise_multiplier']}; no ε was computed"]  # fmt: skip
+                f"- Update-level clipping to {privacy['clip']} without noise: no DP guarantee, "
+                "no ε"]  # fmt: skip
+    example = privacy["mode"] == "example"
+    title = "example-level DP-SGD" if example else "update-level DP, site-level ε"
+    calibrated = "σ calibrated per site" if example else "σ calibrated for the planned rounds"
     lines = [
         "",
-        "## Privacy (example-level DP-SGD)",
+        f"## Privacy ({title})",
         "",
-        f"- Per-example clip {privacy['clip']}, δ = {privacy['delta']}, "
+        f"- {'Per-example' if example else 'Per-update'} clip {privacy['clip']}, "
+        f"δ = {privacy['delta']}, "
         + (
-            f"target ε {privacy['target_epsilon']} (σ calibrated per site)"
+            f"target ε {privacy['target_epsilon']} ({calibrated})"
             if privacy["target_epsilon"] is not None
             else f"noise multiplier {privacy['noise_multiplier']} (no target ε)"
         )
         + f"; accountant: {privacy['accountant']}",
+        f"- ε protects {privacy['protects']}",
         "",
         "| site | ε at the exported round | ε over the run |",
         "|---|---|---|",

@@ -40,7 +40,7 @@ from fed_auc.models import model_from_config
 from fed_auc.operating_point import default_edges, score_bins
 from fed_auc.partial import choose_groups, memory_table, parse_budget
 from fed_auc.personal import Personalization
-from fed_auc.privacy import Privacy
+from fed_auc.privacy import PrivateUpdates, UpdateDP
 from fed_auc.roc import per_label_roc
 from fed_auc.secure_aggregation.messages import CONFIG_KEY
 from fed_auc.trainable import Tensors, Trainable
@@ -103,7 +103,7 @@ class Node:
         seed: int = 0,
         memory_budget: float | int | str | None = None,
         personalization: Personalization | None = None,
-        privacy: Privacy | None = None,
+        privacy: UpdateDP | None = None,
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
         augment: str = "none",
@@ -120,7 +120,6 @@ class Node:
         self.site = site
         self.tta = check_tta(default_tta(augment) if tta is None else tta)
         self.backend = backend
-        self.privacy = privacy
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
         self.pending_path = Path(state_dir) / PENDING_STATE_FILE
         for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
@@ -158,6 +157,9 @@ class Node:
         self.private_training = None
         if example_dp is not None:
             self.private_training = PrivateTraining(example_dp, site.name, self.batches, state_dir)
+        self.private_updates = None
+        if privacy is not None:
+            self.private_updates = PrivateUpdates(privacy, site.name, state_dir)
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
@@ -179,10 +181,13 @@ class Node:
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
-        private = self.private_training
-        if private is not None:
-            private.check_open()  # a site whose budget is spent trains no more
+        private, updates = self.private_training, self.private_updates
+        for dp in (private, updates):
+            if dp is not None:
+                dp.check_open()  # a site whose budget is spent trains no more
         self._sync_local_state(broadcast)
+        # the update's key (update-level DP): the broadcast and where the sampler starts
+        key = "" if updates is None else updates.release_key(broadcast, self.batches.state_dict())
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
         with private.update(self.trainable, broadcast) if private else nullcontext() as log:
@@ -208,9 +213,13 @@ class Node:
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups
-        if self.privacy is not None:  # the state kept must match the reply that leaves
+        if updates is not None:  # the state kept must match the reply that leaves
             blocks = self.backend.reply_blocks(reply, broadcast)
-            sent = self.privacy.privatize(reply, broadcast, self.name, blocks)
+            try:  # counted in the site's ledger before it leaves, or not sent at all
+                sent = updates.release(reply, broadcast, blocks, key)
+            except Exception:
+                self._local_state, self._personal = None, {}  # back to what is on disk
+                raise
             self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
             reply = sent
         if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves

@@ -17,7 +17,7 @@ from fed_auc.data.base import SiteData
 from fed_auc.dp_sgd import ExampleDP
 from fed_auc.node import Node
 from fed_auc.personal import Personalization
-from fed_auc.privacy import Privacy
+from fed_auc.privacy import UpdateDP
 from fed_auc.trainable import Trainable
 
 SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
@@ -41,8 +41,7 @@ class NodeSetup:
     image_size: int
     num_labels: int
     data_scale: float = 1.0
-    dp_clip: float | None = None
-    dp_noise: float = 0.0
+    update_dp: dict[str, Any] | None = None  # fed_auc.privacy.UpdateDP's fields
     example_dp: dict[str, Any] | None = None  # fed_auc.dp_sgd.ExampleDP's fields
     partial_training: bool = False  # the node trains what its own memory budget allows
     personalize: str | None = None
@@ -89,8 +88,8 @@ def build_node(
     privacy = example = None
     if setup.example_dp is not None:
         example = ExampleDP(**setup.example_dp)
-    elif setup.dp_clip is not None:
-        privacy = Privacy(setup.dp_clip, setup.dp_noise, setup.seed)
+    elif setup.update_dp is not None:
+        privacy = UpdateDP(**setup.update_dp)
     augment = augment or setup.augment
     return Node(
         data,

@@ -139,7 +139,9 @@ def secure_aggregation(config: ExperimentConfig):
         return None
     from fed_auc.secure_aggregation.rounds import SecureAggregation
 
-    return SecureAggregation(config.secure_aggregation_threshold)
+    return SecureAggregation(
+        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
+    )
 
 
 def start_coordinator(
@@ -339,16 +341,29 @@ def _integer(value: Any) -> int | None:
     return None if value is None or value != value else int(value)
 
 
+EXAMPLE_ACCOUNTANT = "dp-accounting RDP, Poisson sampling, add/remove one example"
+SITE_ACCOUNTANT = (
+    "dp-accounting RDP, one Gaussian mechanism per update a site sent, q = 1 (the coordinator's "
+    "sample of sites is seeded, so not secret: no amplification), add/remove one site"
+)
+EXAMPLE_UNIT = "one training example (image row) of a site; a patient with k images: about k·ε"
+SITE_UNIT = (
+    "one site's whole dataset (all its patients together), not a single patient beyond that; "
+    "with few sites, the noise a small ε needs is large against the mean of the sites' updates"
+)
+
+
 def privacy_card(
     config: ExperimentConfig, site_rounds: pd.DataFrame, selected_round: int
 ) -> dict[str, Any] | None:
-    """What the card says about DP: the mode, and for DP-SGD every site's ε (from its own
-    accountant, as the store has it) at the exported round and over the whole run, which is
-    what the coordinator saw."""
+    """What the card says about DP: the mode, what ε protects, and every site's ε (from its
+    own accountant, as the store has it) at the exported round and over the whole run, which
+    is what the coordinator saw. Update-level clipping without noise has no ε."""
     if config.dp is None and config.dp_clip is None:
         return None
-    if config.dp != "example":
-        return {"mode": "update", "clip": config.dp_clip, "noise_multiplier": config.dp_noise,
+    update = config.update_dp()
+    if update is not None and not update.accounted:
+        return {"mode": "update", "clip": config.dp_clip, "noise_multiplier": 0.0,
                 "epsilon": None}  # fmt: skip
     spent = site_rounds.dropna(subset=["dp_epsilon"])
     by_site = {}
@@ -359,12 +374,13 @@ def privacy_card(
             "epsilon_exported": float(upto["dp_epsilon"].max()) if len(upto) else 0.0,
         }
     return {
-        "mode": "example",
+        "mode": "update" if update is not None else "example",
         "clip": config.dp_clip,
         "noise_multiplier": config.dp_noise or None,
         "target_epsilon": config.target_epsilon,
         "delta": config.dp_delta,
-        "accountant": "dp-accounting RDP, Poisson sampling, add/remove one example",
+        "accountant": SITE_ACCOUNTANT if update is not None else EXAMPLE_ACCOUNTANT,
+        "protects": SITE_UNIT if update is not None else EXAMPLE_UNIT,
         "sites": by_site,
     }
 

@@ -1,6 +1,6 @@
 """The Sites page's differential-privacy section, read from a store the test fills: each site's
 ε (latest, per round, at the exported round), δ, σ, the budget-spent mark; one line for a run
-without DP; the update-level setting without an ε."""
+without DP; update-level DP's site-level ε; clipping without noise, which has no ε."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def store_dir(tmp_path_factory):
     with RunStore(path) as store:
         _run(store, "run-dp", example, dp=True)
         _run(store, "run-plain", {}, dp=False)
-        _run(store, "run-update", {"dp_clip": 0.5, "dp_noise": 0.8}, dp=False)
+        _run(store, "run-update", {"dp_clip": 0.5, "dp_noise": 0.8, "dp_delta": DELTA}, dp=True)
+        _run(store, "run-clip", {"dp_clip": 0.5}, dp=False)
     return path
 
 
@@ -96,9 +97,26 @@ def test_a_run_without_dp_says_so_in_one_line_and_shows_no_epsilon(monkeypatch, 
     assert all("ε spent" not in d.value.columns for d in at.dataframe)
 
 
-def test_update_level_dp_shows_its_clip_and_noise_and_says_no_epsilon(monkeypatch, store_dir):
+def test_update_level_dp_shows_each_sites_site_level_epsilon(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "sites", "run-update")
     text = texts(at)
-    assert "Mode: update-level · clip C = 0.5 · noise: σ = 0.8" in text
-    assert "site's whole update" in text and "no ε is recorded" in text
+    assert "Mode: update-level (site-level ε) · clip C = 0.5 · noise: σ = 0.8" in text
+    assert f"δ = {DELTA:g}" in text
+    assert "site's whole dataset, all its patients together" in text  # what ε covers
+    assert "with few sites the noise a small ε needs is large" in text
+    table = frame_with(at, "ε spent").set_index("site")
+    for site, spent in EPSILON.items():
+        assert table.loc[site, "ε spent"] == pytest.approx(spent[-1])
+        assert table.loc[site, "ε at the exported round"] == pytest.approx(spent[EXPORTED - 1])
+    assert table.loc["north", "budget"] == "spent: stopped at round 3"
+    per_round = frame_with(at, "east")
+    for site, spent in EPSILON.items():
+        assert per_round[site].tolist() == pytest.approx(spent)
+
+
+def test_clipping_without_noise_shows_its_clip_and_says_no_epsilon(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "sites", "run-clip")
+    text = texts(at)
+    assert "Mode: update-level (clipping only) · clip C = 0.5 · noise: none" in text
+    assert "no differential privacy: no ε" in text and "δ =" not in text
     assert all("ε spent" not in d.value.columns for d in at.dataframe)

@@ -11,13 +11,12 @@ import pytest
 import torch
 from dp_accounting import pld, rdp
 
-from fed_auc.accounting import LEDGER_FILE, Step, epsilon, noise_for_epsilon
+from fed_auc.accounting import LEDGER_FILE, BudgetSpent, Step, epsilon, noise_for_epsilon
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData, Split
 from fed_auc.dp_sgd import (
-    BudgetSpent,
     DrawLog,
     ExampleDP,
     PrivateGradients,
@@ -263,7 +262,10 @@ def test_a_run_ends_cleanly_when_every_budget_is_spent(tmp_path: Path) -> None:
         ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "dp_delta": 1.5}, "dp_delta"),
         ({"dp": "example", "dp_clip": 1.0, "target_epsilon": 0.0}, "target_epsilon"),
         ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "warmup_rounds": 2}, "warmup_rounds"),
-        ({"dp": "update", "dp_clip": 1.0, "target_epsilon": 3.0}, "target_epsilon"),
+        ({"dp": "update", "dp_clip": 1.0, "dp_noise": 1.0, "target_epsilon": 3.0}, "dp_noise"),
+        ({"dp": "update", "dp_clip": 1.0, "dp_noise": 1.0, "norm": "batch"}, "norm"),
+        ({"dp_clip": 1.0, "target_epsilon": 3.0, "warmup_rounds": 1}, "warmup_rounds"),
+        ({"target_epsilon": 3.0}, "target_epsilon"),
         ({"dp": "update"}, "dp_clip"),
         ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "norm": "batch"}, "norm"),
         ({"norm": "layer"}, "norm"),
@@ -280,8 +282,11 @@ def test_dp_example_plans_the_run_and_uses_group_norm(tmp_path: Path) -> None:
         target_epsilon=3.0,
     )  # fmt: skip
     assert config.example_dp().planned_steps == 15 and config.model_norm() == "group"
-    update = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0, dp_noise=0.5)
-    assert update.example_dp() is None and update.model_norm() == "batch"
+    update = ExperimentConfig(runs_dir=str(tmp_path), rounds=5, dp_clip=1.0, dp_noise=0.5)
+    assert update.example_dp() is None and update.model_norm() == "group"
+    assert update.update_dp().planned_releases == 5 and update.update_dp().accounted
+    clip_only = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0)
+    assert not clip_only.update_dp().accounted and clip_only.model_norm() == "batch"
 
 
 @pytest.mark.slow

@@ -1,17 +1,30 @@
-"""Client-side DP: every block of an update clipped to C, Gaussian noise σ·C, seeded, recorded."""
+"""Client-side DP: every block of an update clipped to C, Gaussian noise σ·C, seeded, recorded;
+its site-level accountant checked against dp-accounting called directly."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+import dp_accounting
+import pandas as pd
 import pytest
 import torch
+from dp_accounting import rdp
 
+from fed_auc.accounting import LEDGER_FILE, BudgetSpent
+from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast, Reply, ReplyBlock
+from fed_auc.data.base import SiteData, Split
 from fed_auc.experiment import ExperimentConfig
-from fed_auc.privacy import Privacy
+from fed_auc.models import build_model
+from fed_auc.node import Node
+from fed_auc.privacy import Privacy, UpdateDP
+from fed_auc.run import privacy_card
 from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
+from fed_auc.transport.local import LocalTransport
 
 
 def block_norm(tensors: dict[str, torch.Tensor]) -> float:
@@ -105,3 +118,123 @@ def test_privatizing_keeps_every_field_of_the_reply() -> None:
     )
     assert out.trained_groups == ["norm", "classifier"]
     assert (out.site, out.round, out.phase, out.num_examples) == ("s", 3, "train", 10)
+
+
+# -- update-level DP's site-level accountant -------------------------------------------------
+DELTA = 1e-5
+
+
+def site_level_epsilon(sigma: float, releases: int) -> float:
+    """dp-accounting called directly: ``releases`` Gaussian mechanisms of noise multiplier σ
+    composed, no subsampling (the reference the node's ledger must match)."""
+    accountant = rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(sigma), releases)
+    return accountant.get_epsilon(DELTA)
+
+
+def test_each_site_spends_the_site_level_epsilon_of_the_rounds_it_took_part_in(tmp_path) -> None:
+    config = ExperimentConfig(
+        runs_dir=str(tmp_path), sites=3, rounds=3, participation=0.5, local_steps=2,
+        batch_size=8, image_size=16, data_scale=0.15, select="last", dp_clip=0.5, dp_noise=2.0,
+        dp_delta=DELTA,
+    )  # fmt: skip
+    summary = run_simulation(config)
+    run_dir = tmp_path / summary["run_id"]
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"]).sort_values(["round", "site"])
+    sites = sorted(rows["site"].unique())
+    taken = dict.fromkeys(sites, 0)
+    for round_ in (1, 2, 3):
+        these = rows[rows["round"] == round_].set_index("site")
+        asked = set(these.index[these["status"] == "completed"])
+        assert len(asked) == 2  # ⌈0.5 · 3⌉ sites a round: the others spend nothing
+        for site in sites:
+            taken[site] += site in asked
+            if taken[site]:  # ε of every round it took part in, and of no other
+                want = site_level_epsilon(2.0, taken[site])
+                assert these.loc[site, "dp_epsilon"] == pytest.approx(want, rel=1e-9)
+                assert these.loc[site, "dp_delta"] == DELTA
+            else:
+                assert math.isnan(these.loc[site, "dp_epsilon"])
+    assert rows["train_loss"].isna().all()  # computed from raw data: never sent
+    card = json.loads((run_dir / "model" / "model_card.json").read_text())
+    assert card["model_config"]["norm"] == "group"  # no BatchNorm statistics leave un-noised
+    privacy = card["privacy"]
+    assert privacy["mode"] == "update" and privacy["delta"] == DELTA
+    assert "q = 1" in privacy["accountant"] and "whole dataset" in privacy["protects"]
+    exported = card["selected_round"]
+    for site in sites:
+        mine = rows[rows["site"] == site].dropna(subset=["dp_epsilon"])
+        ledger = json.loads((run_dir / "nodes" / site / LEDGER_FILE).read_text())
+        assert [r["steps"] for r in ledger["releases"].values()] == [[[1.0, 2.0, 1]]] * taken[site]
+        assert privacy["sites"][site]["epsilon_run"] == pytest.approx(mine["dp_epsilon"].max())
+        upto = mine[mine["round"] <= exported]["dp_epsilon"]
+        assert privacy["sites"][site]["epsilon_exported"] == pytest.approx(upto.max())
+    text = (run_dir / "model" / "MODEL_CARD.md").read_text()
+    assert "## Privacy (update-level DP, site-level ε)" in text
+    assert f"| {sites[0]} | {privacy['sites'][sites[0]]['epsilon_exported']:.3f} |" in text
+
+
+def tiny_site(rows: int = 40) -> SiteData:
+    generator = torch.Generator().manual_seed(2)
+    images = torch.rand(rows, 1, 16, 16, generator=generator)
+    labels = (torch.arange(rows) % 4 == 0).float().unsqueeze(1)
+    images[labels[:, 0] == 1] += 0.3
+    split = Split(images, labels)
+    return SiteData("hospital_a", split, split, split, ["finding"])
+
+
+def update_node(tmp_path: Path, dp: UpdateDP) -> Node:
+    model = build_model("tiny", norm="group")
+    return Node(
+        tiny_site(), build_backend("local_sgda", local_steps=2), model.config(), "auc_margin",
+        tmp_path / "node", batch_size=8, privacy=dp,
+    )  # fmt: skip
+
+
+def request(round_: int, tensors: dict) -> Broadcast:
+    config = {"pos_ratio": [0.25], "lr": 0.1, "local_steps": 2, "commit": None, "continue": None}
+    return Broadcast(round_, "train", tensors, config)
+
+
+def test_a_target_epsilon_calibrates_sigma_and_the_ledger_stops_the_site(tmp_path) -> None:
+    dp = UpdateDP(clip=1.0, delta=DELTA, target_epsilon=4.0, planned_releases=2)
+    sigma = dp.sigma()  # dp-accounting's own calibration: two releases spend the target
+    assert site_level_epsilon(sigma, 2) == pytest.approx(4.0, rel=1e-3)
+    assert site_level_epsilon(sigma, 2) <= 4.0 < site_level_epsilon(0.99 * sigma, 2)
+    node = update_node(tmp_path, dp)
+    tensors = node.trainable.tensors()
+    for round_ in range(2):
+        reply = node.train(request(round_, tensors))
+        assert reply.metrics["dp_epsilon"] == pytest.approx(site_level_epsilon(sigma, round_ + 1))
+        assert reply.metrics["dp_noise_multiplier"] == sigma
+    with pytest.raises(BudgetSpent, match="budget spent.*not sent.*stops training"):
+        node.train(request(2, tensors))
+    again = update_node(tmp_path, dp)  # a restarted node remembers: its ledger is on disk
+    assert again.private_updates.ledger.epsilon() == pytest.approx(site_level_epsilon(sigma, 2))
+    failure = LocalTransport([again]).train({"hospital_a": request(3, tensors)})["hospital_a"]
+    assert failure.status == "budget_spent" and "spent at round 2" in failure.message
+
+
+def test_a_repeated_update_is_the_same_bytes_and_counted_once(tmp_path) -> None:
+    dp = UpdateDP(clip=0.01, noise_multiplier=1.0, delta=DELTA)
+    tensors = update_node(tmp_path, dp).trainable.tensors()
+    first = update_node(tmp_path, dp).train(request(0, tensors))
+    again = update_node(tmp_path, dp).train(request(0, tensors))  # lost reply, asked again
+    for name, tensor in first.tensors.items():
+        assert torch.equal(again.tensors[name], tensor), name
+    assert again.metrics["dp_epsilon"] == first.metrics["dp_epsilon"] == site_level_epsilon(1, 1)
+    # another broadcast for the same round is another update: fresh noise, counted
+    moved = {n: t + 0.01 if n.startswith("w/") else t for n, t in tensors.items()}
+    other = update_node(tmp_path, dp).train(request(0, moved))
+    assert other.metrics["dp_epsilon"] == pytest.approx(site_level_epsilon(1.0, 2))
+    noise = [other.tensors[n] - moved[n] - (first.tensors[n] - tensors[n]) for n in tensors]
+    assert max(float(d.abs().max()) for d in noise) > 1e-3
+
+
+def test_clipping_without_noise_keeps_no_ledger_and_claims_no_epsilon(tmp_path) -> None:
+    node = update_node(tmp_path, UpdateDP(clip=1.0))
+    reply = node.train(request(0, node.trainable.tensors()))
+    assert "dp_epsilon" not in reply.metrics and not (tmp_path / "node" / LEDGER_FILE).exists()
+    config = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0)
+    assert privacy_card(config, pd.DataFrame(columns=["dp_epsilon"]), 1)["epsilon"] is None

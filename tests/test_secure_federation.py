@@ -117,6 +117,46 @@ def test_below_the_threshold_the_round_fails_and_nothing_recorded_is_lost(tmp_pa
         assert messages.str.contains("fewer than the threshold").any()
 
 
+SPARSE = {"sites": 5, "rounds": 1, "secure_aggregation_neighbours": 2}  # k = 2 < n − 1 = 4
+
+
+def test_on_a_sparse_graph_a_site_lost_after_sharing_is_recovered_through_its_neighbours(
+    tmp_path, monkeypatch
+):
+    lost = DEFAULT_PROFILES[1].name
+    _failing(monkeypatch, "train", lost, lambda broadcast: True)
+    plain, _, _ = simulate(tmp_path, "plain", sites=5, rounds=1)
+    secure, rows, _ = simulate(tmp_path, "secure", secure_aggregation=True, **SPARSE)
+    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    assert rows[(rows["round"] == 1) & (rows["site"] == lost)]["status"].item() == "error"
+
+
+def test_on_a_sparse_graph_too_few_neighbours_of_a_dropped_site_fail_the_round_cleanly(
+    tmp_path, monkeypatch
+):
+    """The lost site's two neighbours (the sites told it dropped) fail to unmask: its mask key
+    cannot be rebuilt from one share of the threshold 2, so the round fails, nothing recorded
+    is lost."""
+    lost = DEFAULT_PROFILES[1].name
+    _failing(monkeypatch, "train", lost, lambda broadcast: broadcast.round == 1)
+    original = Node.secure_step
+
+    def neighbour_fails(self, step, message):
+        if step == "unmask" and lost in message["dropped"]:
+            raise ConnectionError(f"{self.name} lost its network")
+        return original(self, step, message)
+
+    monkeypatch.setattr(Node, "secure_step", neighbour_fails)
+    with pytest.raises(FederationError, match=f"round 2.*dropped site '{lost}'.*threshold 2"):
+        simulate(tmp_path, "secure", secure_aggregation=True, **{**SPARSE, "rounds": 2})
+    with RunStore(tmp_path / "secure") as store:
+        run = store.runs().iloc[0]
+        assert run["status"] == "failed"
+        assert store.rounds(run["id"])["round"].tolist() == [0, 1]
+        messages = store.events(run["id"])["message"]
+        assert messages.str.contains("secure aggregation unmask").sum() == 2  # its neighbours
+
+
 @pytest.mark.parametrize(
     ("options", "refusal"),
     [
@@ -128,13 +168,17 @@ def test_below_the_threshold_the_round_fails_and_nothing_recorded_is_lost(tmp_pa
         ({"participation": 0.3}, "at least 2 sampled sites"),
         ({"secure_aggregation_threshold": 4}, "threshold 4"),
         ({"secure_aggregation_threshold": 1}, "an integer ≥ 2, got 1"),
+        ({"sites": 6, "secure_aggregation_neighbours": 3}, "even number ≥ 2 of neighbours"),
+        ({"sites": 6, "secure_aggregation_neighbours": 2, "secure_aggregation_threshold": 4},
+         "threshold 4 is larger than a site's neighbourhood: itself and 2 neighbours"),
     ],
 )  # fmt: skip
 def test_options_that_need_single_replies_are_refused_by_name(options, refusal):
     with pytest.raises(ValueError, match=refusal.replace("(", r"\(")):
         ExperimentConfig(**{**SMALL, "secure_aggregation": True, **options})
-    with pytest.raises(ValueError, match="secure_aggregation_threshold needs secure_aggregation"):
-        ExperimentConfig(**SMALL, secure_aggregation_threshold=2)
+    for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
+        with pytest.raises(ValueError, match=f"{name} needs secure_aggregation"):
+            ExperimentConfig(**SMALL, **{name: 2})
 
 
 def test_the_cli_flag_turns_it_on_and_the_dashboard_says_why_drift_is_missing(

@@ -107,21 +107,25 @@ def performance(data: RunData) -> None:
 
 
 def privacy_section(data: RunData) -> None:
-    """The run's DP and, for DP-SGD, the ε each site has spent, per round and in total."""
+    """The run's DP and the ε each site has spent (per example under DP-SGD, per site under
+    update-level DP), per round and in total."""
     settings = privacy.dp_settings(data.run["config"])
     if settings is None:
         st.caption("No differential privacy in this run.")
         return
     st.subheader("Differential privacy")
-    mode = "example-level (DP-SGD)" if settings.mode == "example" else "update-level"
+    mode = {"example": "example-level (DP-SGD)", "update": "update-level (site-level ε)"}[
+        settings.mode
+    ]
+    mode = mode if settings.accounted else "update-level (clipping only)"
     parts = [f"Mode: {mode}", f"clip C = {settings.clip:g}", f"noise: {settings.noise_text()}"]
-    if settings.delta is not None:
+    if settings.accounted:
         parts.append(f"δ = {settings.delta:g}")
     st.markdown(" · ".join(parts))
-    if settings.mode != "example":
-        st.caption(privacy.UPDATE_SCOPE)
+    if not settings.accounted:
+        st.caption(privacy.CLIP_ONLY_SCOPE)
         return
-    st.caption(privacy.EXAMPLE_SCOPE)
+    st.caption(privacy.EXAMPLE_SCOPE if settings.mode == "example" else privacy.UPDATE_SCOPE)
     summary = data.run.get("summary") or {}
     exported = summary.get("selected_round")
     table = privacy.epsilon_table(data, None if exported is None else int(exported))

@@ -107,8 +107,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--dp",
         choices=["update", "example"],
         help="client-side DP: 'update' clips and noises each site's whole update (default when "
-        "--dp-clip is given); 'example' is DP-SGD: each example's gradient clipped in every "
-        "local step, with an (ε, δ) accountant per site and GroupNorm in the model",
+        "--dp-clip is given), with a site-level (ε, δ) accountant per site (one hospital's whole "
+        "data) and GroupNorm when there is noise; 'example' is DP-SGD: each example's gradient "
+        "clipped in every local step, with an example-level (ε, δ) accountant per site and "
+        "GroupNorm in the model",
     )
     p.add_argument(
         "--dp-clip",
@@ -120,14 +122,15 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target-epsilon",
         type=float,
-        help="--dp example: derive σ so each site spends this ε over the run; a site whose "
-        "budget is spent stops training",
+        help="derive σ so each site spends this ε over the run (--dp example: per example, "
+        "--dp update: per site); a site whose budget is spent stops training",
     )
-    p.add_argument("--delta", dest="dp_delta", type=float, help="--dp example: δ (1e-5)")
+    p.add_argument("--delta", dest="dp_delta", type=float, help="DP's δ (1e-5)")
     p.add_argument(
         "--norm",
         choices=["batch", "group"],
-        help="the network's normalization (default: group with --dp example, else batch)",
+        help="the network's normalization (default: group with --dp example or a noised "
+        "--dp update, else batch)",
     )
     p.add_argument(
         "--secure-aggregation",
@@ -139,7 +142,15 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--secure-aggregation-threshold",
         type=int,
-        help="sites needed to unmask a sum (default: a majority of the sampled sites, ≥ 2)",
+        help="shares that rebuild a site's secrets, from the site and its neighbours (default: "
+        "a majority of them, ≥ 2)",
+    )
+    p.add_argument(
+        "--secure-aggregation-neighbours",
+        type=int,
+        metavar="K",
+        help="SecAgg+: each site masks and shares with K neighbours on a ring graph (even K, or "
+        "n − 1 for the full graph; default: 2⌈log₂ n⌉ of n sampled sites, full up to 7)",
     )
     p.add_argument(
         "--resume",

@@ -20,6 +20,7 @@ from cryptography.exceptions import InvalidTag
 from fed_auc.algorithms.base import Backend, Broadcast, Reply
 from fed_auc.secure_aggregation import crypto
 from fed_auc.secure_aggregation.encoding import MASKED, encode_reply, vector_layout
+from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
 from fed_auc.secure_aggregation.messages import (
     CONFIG_KEY,
     SecureAggregationError,
@@ -37,6 +38,7 @@ class _Session:
     name: str
     participants: list[str]
     threshold: int
+    neighbours: set[str]  # on SecAgg+'s graph: the only sites this one masks and shares with
     share_key: Any  # X25519 private key for encrypting shares (c_sk)
     mask_key: Any  # X25519 private key for pairwise masks (s_sk)
     keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # U1: (c_pk, s_pk)
@@ -73,14 +75,17 @@ class SecureClient:
         threshold = require(message, "threshold", int, where)
         if self.site not in participants or len(set(participants)) != len(participants):
             raise SecureAggregationError(f"{where}: participants {participants} are not valid")
-        if not 2 <= threshold <= len(participants):
+        k = neighbour_count(len(participants), require(message, "neighbours", int, where))
+        if not 2 <= threshold <= k + 1:
             raise SecureAggregationError(
-                f"{where}: threshold {threshold} must be in 2..{len(participants)}"
+                f"{where}: threshold {threshold} must be in 2..{k + 1} (itself and {k} neighbours)"
             )
+        seed = unb64(require(message, "graph_seed", str, where), f"{where}: graph_seed")
         self._session = _Session(
             name=require(message, "session", str, where),
             participants=list(participants),
             threshold=threshold,
+            neighbours=set(neighbourhoods(participants, k, seed)[self.site]),
             share_key=crypto.private_key(self._random(crypto.KEY_BYTES)),
             mask_key=crypto.private_key(self._random(crypto.KEY_BYTES)),
         )
@@ -96,6 +101,12 @@ class SecureClient:
         order = [s for s in session.participants if s in keys]
         if len(order) != len(keys) or self.site not in keys:
             raise SecureAggregationError(f"{where}: keys of {sorted(keys)} do not fit the session")
+        strangers = set(order) - session.neighbours - {self.site}
+        if strangers:
+            raise SecureAggregationError(
+                f"{where}: keys of {sorted(strangers)}, not neighbours of this site on the "
+                "session's graph: refusing to share with them"
+            )
         if len(order) < session.threshold:
             raise SecureAggregationError(
                 f"{where}: {len(order)} sites advertised keys, fewer than the threshold "
@@ -152,7 +163,8 @@ class SecureClient:
 
     def mask(self, words: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
         """``words`` (the encoded reply, uint64) + PRG(b) + Σ_j ±PRG(s_ij) mod 2^64, over the
-        sites j that shared keys (``config["shares"]``: their encrypted shares for this site)."""
+        neighbours j that shared keys (``config["shares"]``: their encrypted shares for this
+        site)."""
         session = self._current(config, "shared", "mask")
         where = f"site {self.site!r}, mask"
         shares = require(config, "shares", dict, where)

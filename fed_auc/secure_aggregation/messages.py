@@ -2,11 +2,12 @@
 
 Steps of one session (one phase of one round), after Bonawitz et al. (CCS 2017) and Bell et
 al.'s SecAgg+ (CCS 2020), as Flower's ``secaggplus`` workflow names them:
-``advertise`` (each site's two fresh public keys) → ``share`` (each site's Shamir shares of its
-self-mask seed and mask key, encrypted to every other site) → ``mask`` (carried by the train
+``advertise`` (each site's two fresh public keys; the session's graph of neighbours) →
+``share`` (each site's Shamir shares of its self-mask seed and mask key, encrypted to each
+of its neighbours) → ``mask`` (carried by the train
 request: the site trains, then sends its masked vector) → ``unmask`` (each survivor sends the
-shares the server needs: self-mask seeds of the sites whose vectors arrived, mask keys of
-those that dropped after sharing, never both of one site).
+shares it holds that the server needs: self-mask seeds of its neighbours whose vectors
+arrived, mask keys of those that dropped after sharing, never both of one site).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from fed_auc.secure_aggregation.encoding import (
     vector_layout,
     vector_length,
 )
+from fed_auc.secure_aggregation.graph import neighbour_count
 from fed_auc.secure_aggregation.messages import CONFIG_KEY, SecureAggregationError
 from fed_auc.secure_aggregation.server import SecureServer, default_threshold
 from fed_auc.store import RoundRecord, SiteRound
@@ -60,15 +61,21 @@ def refuse_options(aggregation: str, max_update_norm: float | None, backend: Bac
 
 @dataclass(frozen=True)
 class SecureAggregation:
-    """Secure aggregation of every phase: ``threshold`` = sites needed to unmask a sum
-    (None: a majority of each phase's sampled sites, at least 2)."""
+    """Secure aggregation of every phase (SecAgg+): ``neighbours`` = k, the sites each site
+    masks and shares with (None: ``graph.neighbour_count``'s 2⌈log₂ n⌉, the full graph up to 7
+    sampled sites); ``threshold`` = shares that rebuild a site's secrets, from its
+    neighbourhood (None: a majority of the site and its k neighbours, at least 2)."""
 
     threshold: int | None = None
+    neighbours: int | None = None
 
     def __post_init__(self) -> None:
         t = self.threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 2):
             raise ValueError(f"secure_aggregation_threshold must be an integer ≥ 2, got {t!r}")
+        k = self.neighbours
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
+            raise ValueError(f"secure_aggregation_neighbours must be an integer ≥ 2, got {k!r}")
 
     @staticmethod
     def check_backend(backend: Backend) -> None:
@@ -79,8 +86,14 @@ class SecureAggregation:
                 "needs individual replies, not their sum"
             )
 
+    def neighbours_for(self, sites: Sequence[str]) -> int:
+        """k on the graph of ``sites`` (``SecureAggregationError`` for an odd k below n − 1)."""
+        return neighbour_count(len(sites), self.neighbours)
+
     def threshold_for(self, sites: Sequence[str]) -> int:
-        return default_threshold(len(sites)) if self.threshold is None else self.threshold
+        if self.threshold is not None:
+            return self.threshold
+        return default_threshold(self.neighbours_for(sites) + 1)
 
 
 class SecurePhase:
@@ -154,7 +167,10 @@ class SecurePhase:
         phase = any_request.phase
         sites = list(requests)
         server = SecureServer(
-            f"{self.run_id}:{any_request.round}:{phase}", sites, self.settings.threshold_for(sites)
+            f"{self.run_id}:{any_request.round}:{phase}",
+            sites,
+            self.settings.threshold_for(sites),
+            self.settings.neighbours_for(sites),
         )
         answers = self._step("advertise", server.advertise_requests(), rows, record, phase)
         self._events(server.collect_keys(answers), record, phase)

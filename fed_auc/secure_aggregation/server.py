@@ -1,11 +1,13 @@
 """The server's side of secure aggregation: relay keys and shares, then remove the masks.
 
 The server sees public keys, ciphertexts it cannot open, and masked vectors that are uniform
-in Z_{2^64}. It unmasks only a sum: from ``threshold`` survivors it reconstructs each
+in Z_{2^64}. Sites mask with and share with their neighbours on SecAgg+'s graph
+(``graph``; the full graph is plain SecAgg). The server unmasks only a sum: from
+``threshold`` of each site's neighbourhood (the site and its neighbours) it reconstructs each
 survivor's self-mask seed b_j and, for each site that shared keys but whose vector never
 arrived (or was rejected), its mask key, from which it recomputes and removes that site's
-pairwise masks from the survivors' vectors. An honest site never reveals both of one site's
-secrets (``SecureClient`` checks survivors and dropped are disjoint).
+pairwise masks from its surviving neighbours' vectors. An honest site never reveals both of
+one site's secrets (``SecureClient`` checks survivors and dropped are disjoint).
 
 ``SecureServer`` is a sequence of steps, so the transport carries its messages: the
 coordinator asks it for each step's requests, sends them with any transport, and hands it
@@ -14,12 +16,14 @@ the answers (a failed site's answer is simply absent).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from fed_auc.secure_aggregation import crypto
+from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
 from fed_auc.secure_aggregation.messages import (
     SecureAggregationError,
     b64,
@@ -34,19 +38,33 @@ def default_threshold(count: int) -> int:
 
 
 class SecureServer:
-    def __init__(self, session: str, participants: Sequence[str], threshold: int) -> None:
+    def __init__(
+        self,
+        session: str,
+        participants: Sequence[str],
+        threshold: int,
+        neighbours: int | None = None,
+        graph_seed: bytes | None = None,
+    ) -> None:
+        """``neighbours``: k of SecAgg+'s graph (None: the full graph); ``threshold``: shares
+        that rebuild a site's secrets, at most k + 1 (its neighbourhood); ``graph_seed``: the
+        graph's layout (None: fresh random bytes)."""
         if len(participants) < 2:
             raise SecureAggregationError(
                 f"secure aggregation needs at least 2 sites per round, got {list(participants)}"
             )
-        if not 2 <= threshold <= len(participants):
+        full = len(participants) - 1
+        self.k = full if neighbours is None else neighbour_count(len(participants), neighbours)
+        if not 2 <= threshold <= self.k + 1:
             raise SecureAggregationError(
-                f"secure aggregation threshold must be in 2..{len(participants)} "
-                f"(the sampled sites), got {threshold}"
+                f"secure aggregation threshold must be in 2..{self.k + 1} (each site's "
+                f"neighbourhood: itself and its {self.k} neighbours), got {threshold}"
             )
         self.session = session
         self.participants = list(participants)
         self.threshold = threshold
+        self.graph_seed = os.urandom(16) if graph_seed is None else graph_seed
+        self.neighbours = neighbourhoods(self.participants, self.k, self.graph_seed)
         self.keys: dict[str, tuple[bytes, bytes]] = {}  # U1: (c_pk, s_pk)
         self.mailbox: dict[str, dict[str, str]] = {}  # destination → source → ciphertext
         self.sharers: list[str] = []  # U2
@@ -57,6 +75,8 @@ class SecureServer:
             "session": self.session,
             "participants": self.participants,
             "threshold": self.threshold,
+            "neighbours": self.k,
+            "graph_seed": b64(self.graph_seed),
         }
         return {site: message for site in self.participants}
 
@@ -79,8 +99,12 @@ class SecureServer:
 
     # -- step 2 -----------------------------------------------------------------------------
     def share_requests(self) -> dict[str, dict[str, Any]]:
+        """Each site gets its own keys and its neighbours' (those that advertised)."""
         keys = {site: [b64(c), b64(s)] for site, (c, s) in self.keys.items()}
-        return {site: {"session": self.session, "keys": keys} for site in self.keys}
+        return {
+            site: {"session": self.session, "keys": {s: keys[s] for s in self._group(site)}}
+            for site in self.keys
+        }
 
     def collect_shares(self, answers: Mapping[str, Any]) -> list[str]:
         problems = []
@@ -90,7 +114,7 @@ class SecureServer:
             where = f"site {site!r}, share answer"
             try:
                 shares = require(answers[site], "shares", dict, where)
-                expected = set(self.keys) - {site}
+                expected = set(self._group(site)) - {site}
                 if set(shares) != expected or not all(isinstance(v, str) for v in shares.values()):
                     raise SecureAggregationError(
                         f"{where}: shares for {sorted(shares)}, expected {sorted(expected)}"
@@ -112,11 +136,19 @@ class SecureServer:
 
     # -- step 4 -----------------------------------------------------------------------------
     def unmask_requests(self, survivors: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each survivor is asked for the shares it holds: its neighbourhood's survivors'
+        seeds and dropped sites' mask keys."""
         survivors = [s for s in self.sharers if s in survivors]
         self._enough(survivors, "sent a valid masked vector")
-        dropped = [s for s in self.sharers if s not in survivors]
-        message = {"session": self.session, "survivors": survivors, "dropped": dropped}
-        return {site: message for site in survivors}
+        out = {}
+        for site in survivors:
+            group = self._group(site, self.sharers)
+            out[site] = {
+                "session": self.session,
+                "survivors": [s for s in group if s in survivors],
+                "dropped": [s for s in group if s not in survivors],
+            }
+        return out
 
     def unmask(self, masked: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> np.ndarray:
         """Σ_k x_k mod 2^64 over the sites of ``masked`` (the survivors), from the survivors'
@@ -130,17 +162,22 @@ class SecureServer:
             if site not in answers:
                 continue
             where = f"site {site!r}, unmask answer"
+            group = self._group(site, self.sharers)
+            mine = [s for s in group if s in survivors]
+            gone = [s for s in group if s in dropped]
             try:
                 seeds = require(answers[site], "b_shares", dict, where)
                 keys = require(answers[site], "sk_shares", dict, where)
-                if set(seeds) != set(survivors) or set(keys) != set(dropped):
+                if set(seeds) != set(mine) or set(keys) != set(gone):
                     raise SecureAggregationError(f"{where}: shares for the wrong sites")
-                for owner in survivors:
-                    seed_shares[owner].append(unb64(seeds[owner], f"{where}: b share"))
-                for owner in dropped:
-                    key_shares[owner].append(unb64(keys[owner], f"{where}: sk share"))
+                parsed = [unb64(seeds[owner], f"{where}: b share") for owner in mine]
+                parsed_keys = [unb64(keys[owner], f"{where}: sk share") for owner in gone]
             except SecureAggregationError:
                 continue  # a malformed helper counts as absent
+            for owner, share in zip(mine, parsed, strict=True):
+                seed_shares[owner].append(share)
+            for owner, share in zip(gone, parsed_keys, strict=True):
+                key_shares[owner].append(share)
             helpers.append(site)
         if len(helpers) < self.threshold:
             raise SecureAggregationError(
@@ -149,6 +186,14 @@ class SecureServer:
                 f"({helpers}), fewer than the threshold {self.threshold}: the sum cannot be "
                 "unmasked"
             )
+        for owner, shares in [*key_shares.items(), *seed_shares.items()]:
+            if len(shares) < self.threshold:
+                what = "survivor" if owner in seed_shares else "dropped site"
+                raise SecureAggregationError(
+                    f"secure aggregation of session {self.session}: only {len(shares)} of "
+                    f"{what} {owner!r}'s neighbourhood sent its shares, fewer than the "
+                    f"threshold {self.threshold}: the sum cannot be unmasked"
+                )
         length = len(next(iter(masked.values())))
         total = np.zeros(length, dtype=np.uint64)
         for site in survivors:
@@ -164,7 +209,7 @@ class SecureServer:
                     f"{site!r}'s mask key do not rebuild the key it advertised"
                 )
             position = self.sharers.index(site)
-            for other in survivors:
+            for other in (s for s in self.neighbours[site] if s in survivors):
                 seed = crypto.shared_key(
                     key, self.keys[other][1], crypto.MASK_INFO + self.session.encode()
                 )
@@ -175,6 +220,13 @@ class SecureServer:
                 else:
                     total += pairwise
         return total
+
+    def _group(self, site: str, among: Sequence[str] | None = None) -> list[str]:
+        """``site`` and its neighbours, of those still in the session (``among``: default,
+        the sites that advertised keys), in the participants' order."""
+        among = self.keys if among is None else among
+        near = {site, *self.neighbours[site]}
+        return [s for s in self.participants if s in near and s in among]
 
     def _enough(self, sites: Sequence[str], what: str) -> None:
         if len(sites) < self.threshold:

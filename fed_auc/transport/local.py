@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fed_auc.accounting import BudgetSpent
 from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.node import Evaluation, Node
 from fed_auc.trainable import Tensors
 from fed_auc.transport.base import NodeFailure

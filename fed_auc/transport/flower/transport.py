@@ -16,9 +16,9 @@ from typing import Any
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from fed_auc.accounting import BudgetSpent
 from fed_auc.algorithms.base import Broadcast, Reply
 from fed_auc.coordinator import FederationError
-from fed_auc.dp_sgd import BudgetSpent
 from fed_auc.node import Evaluation
 from fed_auc.node_setup import NodeSetup
 from fed_auc.trainable import Tensors
