@@ -25,40 +25,42 @@ from auc_vs_ce import ARMS, FEDERATIONS, NPZ, command, mean_sd, paired_ci, run_o
 
 BASE = "recipe"
 # The recipe every variant changes one thing of: the file recipe as it was screened (lr 0.2,
-# α at the paper's step η, the warm-up's classifier kept); later options win.
-SCREENED = ["--lr", "0.2"]
+# α at the paper's step η, the warm-up's classifier kept; since then image files default to
+# the recentered head and α's step η/(p(1−p))); later options win.
+SCREENED = ["--lr", "0.2", "--warmup-head", "keep", "--backend-option", "dual_lr=0.2"]
+
+
+def lr(value: str) -> list[str]:
+    """A learning rate for the warm-up and the AUC phase, α's step at the paper's η with it."""
+    return ["--lr", value, "--backend-option", f"dual_lr={value}"]
+
+
+RECENTER = ["--warmup-head", "recenter"]
+
+
+def dual(value: str) -> list[str]:
+    """α's own step size."""
+    return ["--backend-option", f"dual_lr={value}"]
+
+
 VARIANTS: dict[str, list[str]] = {
     BASE: [],
     "dual_lr = 20η (≈ 1/(p(1−p)) at p = 0.05)": ["--backend-option", "dual_lr=4.0"],
     "classifier re-initialized after warm-up": ["--warmup-head", "reset"],
-    "classifier bias recentered after warm-up": ["--warmup-head", "recenter"],
-    "recentered + dual_lr = 20η": ["--warmup-head", "recenter", "--backend-option", "dual_lr=4.0"],
+    "classifier bias recentered after warm-up": RECENTER,
+    "recentered + dual_lr = 20η": [*RECENTER, "--backend-option", "dual_lr=4.0"],
     "warm-up 10 rounds": ["--warmup-rounds", "10"],
     "warm-up 0 rounds": ["--warmup-rounds", "0"],
     "positive floor 0.2 per batch": ["--min-pos-fraction", "0.2"],
-    "lr 0.1": ["--lr", "0.1"],
-    "lr 0.4": ["--lr", "0.4"],
-    "lr 0.8": ["--lr", "0.8"],
-    "lr 0.4, dual_lr = 20η": ["--lr", "0.4", "--backend-option", "dual_lr=8.0"],
-    "lr 0.4, recentered, dual_lr = 20η": [
-        "--lr",
-        "0.4",
-        "--warmup-head",
-        "recenter",
-        "--backend-option",
-        "dual_lr=8.0",
-    ],
-    "lr 0.8, recentered, dual_lr = 20η": [
-        "--lr",
-        "0.8",
-        "--warmup-head",
-        "recenter",
-        "--backend-option",
-        "dual_lr=16.0",
-    ],
+    "lr 0.1": lr("0.1"),
+    "lr 0.4": lr("0.4"),
+    "lr 0.8": lr("0.8"),
+    "lr 0.4, dual_lr = 20η": ["--lr", "0.4", *dual("8.0")],
+    "lr 0.4, recentered, dual_lr = 20η": ["--lr", "0.4", *RECENTER, *dual("8.0")],
+    "lr 0.8, recentered, dual_lr = 20η": ["--lr", "0.8", *RECENTER, *dual("16.0")],
     "lr ÷ 3 every 5 rounds": ["--decay-every", "40"],
     "η_g = 2 (server step)": ["--eta-g", "2.0"],
-}
+}  # fmt: skip
 
 
 def screen(

@@ -87,9 +87,11 @@ def recipe(federation: str, quick: bool = False) -> list[str]:
 
 def arm_recipe(federation: str, arm: str, quick: bool = False) -> list[str]:
     """The AUC recipe of an AUC-loss contender (none for FedAvg-CE and the paper's step)."""
-    if arm in WITHOUT_AUC_RECIPE:
-        return []
     synthetic = quick or federation.startswith("synthetic")  # no warm-up to recenter after
+    if arm == BASELINE or (arm in WITHOUT_AUC_RECIPE and synthetic):
+        return []
+    if arm in WITHOUT_AUC_RECIPE:  # what image files now default to, undone
+        return ["--warmup-head", "keep", "--backend-option", f"dual_lr={FILE_RECIPE[-1]}"]
     return AUC_RECIPE if synthetic else AUC_FILE_RECIPE
 
 

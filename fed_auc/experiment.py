@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
-from fed_auc.algorithms.base import validate_positive
+from fed_auc.algorithms.base import DUAL_LR_PREVALENCE, validate_positive
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.labels import validate_positive_label
@@ -37,6 +37,9 @@ DEFAULT_FILE_SELECT = "best_val:5"
 DEFAULT_FILE_NEG_FLOOR = 0.25
 TRANSPORTS = ("local", "flower")
 WARMUP_HEADS = ("keep", "reset", "recenter")  # what the AUC phase starts from (warmup_head)
+# Backends whose α step is Backend.dual_lr_of: on image files their dual_lr defaults to
+# "prevalence" (η/(p(1−p)); BENCHMARKS.md, "Rare positives": it won on validation).
+PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 # Options that describe a simulated federation (how many sites, one data set split among
 # them, how it is split and shifted): each node owns its data over Flower.
 SIMULATED_FEDERATION = (
@@ -118,7 +121,8 @@ class ExperimentConfig:
     # the warm-up's with each label's bias moved by −logit(p) ("recenter"): the same ranking,
     # but scores near ½ instead of near p, where the AUC loss's gradient, which carries
     # h(1 − h), is not 4–6× smaller than cross-entropy's (BENCHMARKS.md, "Rare positives").
-    warmup_head: str = "keep"
+    # None: recenter for image files after a warm-up into an AUC loss, keep otherwise.
+    warmup_head: str | None = None
     select: str | None = None
     # Training-time augmentation of each node's batches (fed_auc.data.augment): none, flip or
     # crop_flip. None: flip for image files (few real images overfit fast; on BreastMNIST at
@@ -211,6 +215,11 @@ class ExperimentConfig:
             self.min_neg_fraction = 0.0 if synthetic else DEFAULT_FILE_NEG_FLOOR
         if self.augment is None:
             self.augment = "none" if synthetic else "flip"
+        auc_phase = not synthetic and self.loss != "ce"  # the AUC recipe of BENCHMARKS.md
+        if self.warmup_head is None:
+            self.warmup_head = "recenter" if auc_phase and self.warmup_rounds else "keep"
+        if auc_phase and self.algorithm in PREVALENCE_DUAL_STEP:
+            self.backend_options = {"dual_lr": DUAL_LR_PREVALENCE, **self.backend_options}
 
     def validate(self) -> None:
         """Fail early with the option name, the bad value and what was expected."""
@@ -243,8 +252,9 @@ class ExperimentConfig:
         if self.tta is not None:
             _choice("tta", self.tta, list(TTA_MODES))
         _at_least("warmup_rounds", self.warmup_rounds, 0)
-        _choice("warmup_head", self.warmup_head, WARMUP_HEADS)
-        if self.warmup_head != "keep" and not self.warmup_rounds:
+        if self.warmup_head is not None:
+            _choice("warmup_head", self.warmup_head, WARMUP_HEADS)
+        if self.warmup_head not in (None, "keep") and not self.warmup_rounds:
             raise ValueError(
                 f"warmup_head = {self.warmup_head!r} needs warmup_rounds ≥ 1 (a warm-up whose "
                 "classifier to change)"

@@ -18,13 +18,17 @@ def test_every_contender_shares_the_federation_seed_and_recipe(tmp_path):
     commands = {arm: bench.command("breast_5", arm, 3, tmp_path) for arm in bench.ARMS}
     base = [a for a in commands[bench.BASELINE] if a not in bench.ARMS[bench.BASELINE]]
     for arm, cmd in commands.items():
-        auc = [] if arm in bench.WITHOUT_AUC_RECIPE else bench.AUC_FILE_RECIPE
+        auc = bench.arm_recipe("breast_5", arm)
         shared = [a for a in cmd if a not in bench.ARMS[arm] and a not in auc]
         assert shared == base, arm
-        assert ("--warmup-head" in cmd) == bool(auc) and ("dual_lr=prevalence" in cmd) == bool(auc)
+        paper = arm in bench.WITHOUT_AUC_RECIPE
+        assert ("dual_lr=prevalence" in cmd) != paper and ("recenter" in cmd) != paper, arm
         assert cmd[cmd.index("--seed") + 1] == "3"
         assert cmd[cmd.index("--positive-label") + 1] == "0"
         assert cmd[cmd.index("--partition") + 1] == "imratio:0.05,0.05,0.05,0.05"
+    paper_step = commands["CODASCA, paper's α step"]
+    assert paper_step[paper_step.index("--warmup-head") + 1] == "keep"
+    assert paper_step[paper_step.index("--backend-option") + 1] == "dual_lr=0.8"  # = its lr
     assert "--loss" not in commands[bench.BASELINE]  # fedavg's own default: cross-entropy
     synthetic = bench.command("synthetic_rare", "CODASCA", 0, tmp_path, quick=True)
     assert "--positive-label" not in synthetic and "--data" not in synthetic

@@ -118,10 +118,11 @@ def test_the_model_card_lists_each_sites_epsilon():
         "data_description": "d", "intended_use": "u", "limitations": [],
         "privacy": {
             "mode": "example", "clip": 1.0, "noise_multiplier": None, "target_epsilon": 3.0,
-            "delta": 1e-5, "accountant": "dp-accounting RDP",
+            "delta": 1e-5, "accountant": "dp-accounting RDP", "protects": "one training example",
             "sites": {"north": {"epsilon_exported": 1.25, "epsilon_run": 2.9}},
         },
     }  # fmt: skip
     text = render_card(card)
     assert "## Privacy (example-level DP-SGD)" in text
     assert "| north | 1.250 | 2.900 |" in text and "target ε 3.0" in text
+    assert "ε protects one training example" in text

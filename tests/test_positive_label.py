@@ -160,3 +160,18 @@ def test_recentering_keeps_every_rank_and_moves_scores_towards_a_half():
     assert slope(after) > 3 * slope(before)
     changed = [n for n in tensors if not torch.equal(tensors[n], recentered[n])]
     assert changed == [bias]
+
+
+def test_image_files_default_to_the_auc_recipe_that_won_on_validation():
+    files = "medmnist:x.npz"
+    warm = ExperimentConfig(data=files, warmup_rounds=2)
+    assert warm.warmup_head == "recenter" and warm.backend_options == {"dual_lr": "prevalence"}
+    assert ExperimentConfig(data=files).warmup_head == "keep"  # no warm-up to recenter after
+    chosen = ExperimentConfig(data=files, warmup_rounds=2, warmup_head="keep",
+                              backend_options={"dual_lr": 0.3})  # fmt: skip
+    assert chosen.warmup_head == "keep" and chosen.backend_options == {"dual_lr": 0.3}
+    # cross-entropy, backends with their own α steps and the synthetic demo keep theirs
+    assert ExperimentConfig(data=files, algorithm="fedavg", warmup_rounds=2).backend_options == {}
+    assert ExperimentConfig(data=files, algorithm="fed_norm_sgda").backend_options == {}
+    demo = ExperimentConfig(warmup_rounds=2)
+    assert demo.warmup_head == "keep" and demo.backend_options == {}
