@@ -16,7 +16,6 @@ from dp_accounting import rdp
 from fed_auc.accounting import LEDGER_FILE, BudgetSpent
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast, Reply, ReplyBlock
-from fed_auc.data.base import SiteData, Split
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.models import build_model
 from fed_auc.node import Node
@@ -25,6 +24,7 @@ from fed_auc.run import privacy_card
 from fed_auc.simulation import run_simulation
 from fed_auc.store import RunStore
 from fed_auc.transport.local import LocalTransport
+from tests.test_dp_sgd import site as tiny_site
 
 
 def block_norm(tensors: dict[str, torch.Tensor]) -> float:
@@ -173,15 +173,6 @@ def test_each_site_spends_the_site_level_epsilon_of_the_rounds_it_took_part_in(t
     text = (run_dir / "model" / "MODEL_CARD.md").read_text()
     assert "## Privacy (update-level DP, site-level ε)" in text
     assert f"| {sites[0]} | {privacy['sites'][sites[0]]['epsilon_exported']:.3f} |" in text
-
-
-def tiny_site(rows: int = 40) -> SiteData:
-    generator = torch.Generator().manual_seed(2)
-    images = torch.rand(rows, 1, 16, 16, generator=generator)
-    labels = (torch.arange(rows) % 4 == 0).float().unsqueeze(1)
-    images[labels[:, 0] == 1] += 0.3
-    split = Split(images, labels)
-    return SiteData("hospital_a", split, split, split, ["finding"])
 
 
 def update_node(tmp_path: Path, dp: UpdateDP) -> Node:
