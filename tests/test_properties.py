@@ -13,7 +13,7 @@ from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.validation import InvalidReply, validate_answer
 
-DATA_DEFAULTS = ("loss", "select", "min_neg_fraction", "augment")
+DATA_DEFAULTS = ("loss", "select", "min_neg_fraction", "augment", "warmup_head")
 FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.name != "runs_dir"]
 VALUES = st.one_of(
     st.none(),
