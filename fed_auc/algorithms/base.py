@@ -180,9 +180,9 @@ class Backend(ABC):
         self.grad_clip = grad_clip
         self.site_weighting = site_weighting
         # α's own step size (issue 18 item 9): None = the paper's single step size η.
-        # E[∂F/∂α] = 2p(1−p)(m + μ⁻ − μ⁺ − α), so with one η the dual moves 1/(2p(1−p))
-        # times slower than the primal; LibAUC's PESG compensates in closed form.
-        # "prevalence": η / max_l p_l(1 − p_l), set once the sites' counts give p.
+        # E[∂F/∂α] = 2p(1−p)(m + μ⁻ − μ⁺ − α): with one η, α closes a fraction 2ηp(1−p) of
+        # its gap per step. "prevalence": η / max_l p_l(1 − p_l), so that fraction is 2η at
+        # any p (``set_prevalence``, once the sites' counts give p).
         self.dual_lr = dual_lr
         self._dual_lr_value: float | None = None if dual_lr == DUAL_LR_PREVALENCE else dual_lr
 
@@ -208,9 +208,9 @@ class Backend(ABC):
         """Resolve ``dual_lr = "prevalence"`` from the federation's p per label.
 
         E[∂F/∂α] = 2p(1−p)(α* − α), so α's step η / (p(1−p)) makes α contract towards α*
-        by 2η per step whatever the prevalence, as the primal moves at η: the one-η
-        default leaves α p(1−p)-times slower (20× at p = 5 %, BENCHMARKS.md "Rare
-        positives"). With several labels the largest p(1−p) sets it (no label overshoots)."""
+        by 2η per step whatever the prevalence; the paper's single η makes that 2ηp(1−p),
+        20× less at p = 5 % (BENCHMARKS.md "Rare positives"). With several labels the
+        largest p(1−p) sets it, so no label overshoots."""
         if self.dual_lr == DUAL_LR_PREVALENCE:
             self._dual_lr_value = self.lr / max(p * (1 - p) for p in pos_ratio)
 
