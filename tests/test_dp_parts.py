@@ -126,3 +126,14 @@ def test_the_model_card_lists_each_sites_epsilon():
     assert "## Privacy (example-level DP-SGD)" in text
     assert "| north | 1.250 | 2.900 |" in text and "target ε 3.0" in text
     assert "ε protects one training example" in text
+
+
+def test_epsilon_does_not_log_the_accountants_skipped_orders(caplog):
+    """dp-accounting logs a warning for each low RDP order it cannot evaluate (it bounds ε
+    with the others); a DP run would print hundreds of them per round."""
+    from fed_auc.accounting import Step, epsilon
+
+    with caplog.at_level("WARNING"):
+        spent = epsilon([Step(0.290909, 2.523879, 160)], 1e-5)
+    assert math.isfinite(spent) and spent > 0
+    assert "failed to converge" not in caplog.text
