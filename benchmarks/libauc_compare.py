@@ -109,7 +109,7 @@ class PlainSGD(Contender):
     def train(self, steps: int) -> None:
         self.model.train()
         for _ in range(steps):
-            x, y = next(self.batches)
+            x, y, _ = next(self.batches)
             self.optimizer.zero_grad(set_to_none=True)
             nn.functional.binary_cross_entropy_with_logits(self.model(x), y).backward()
             self.optimizer.step()
@@ -146,7 +146,7 @@ class LibAUC(Contender):
     def train(self, steps: int) -> None:
         self.model.train()
         for _ in range(steps):
-            x, y = next(self.batches)
+            x, y, _ = next(self.batches)
             self.optimizer.zero_grad(set_to_none=True)
             # auto=False: keep p at the site's prevalence (LibAUC re-estimates it per batch)
             self.loss(torch.sigmoid(self.model(x)), y, auto=False).backward()
@@ -274,7 +274,7 @@ def _time_update(racer: Contender, grads: list[torch.Tensor], s: Settings) -> fl
     if isinstance(racer, FedAUC):  # the backend's step, with these gradients
         trainable, dual = racer.trainable, [torch.zeros(1)]
         primal = [g.clone() for g in grads] + [torch.zeros(1), torch.zeros(1)]
-        trainable.gradients = lambda x, y: (torch.zeros(()), primal, dual)
+        trainable.gradients = lambda *batch: (torch.zeros(()), primal, dual)
         rule = StepRule(s.lr, s.weight_decay, s.grad_clip)
         ref, correction = None, None
         if racer.backend.name == "codasca":  # proximal term and control-variate correction
@@ -282,7 +282,7 @@ def _time_update(racer: Contender, grads: list[torch.Tensor], s: Settings) -> fl
             ref = [t.detach().clone() for t in trainable.primal.values()]
             correction = ([torch.zeros_like(t) for t in ref], [torch.zeros(1)])
         start = time.perf_counter()
-        sgda_step(trainable, None, None, rule, ref, correction)
+        sgda_step(trainable, (None, None), rule, ref, correction)
         return time.perf_counter() - start
     for p, g in zip(racer.model.parameters(), grads, strict=True):
         p.grad = g.clone()

@@ -48,7 +48,7 @@ class PlainLoop:
     def steps(self, n: int) -> None:
         self.model.train()
         for _ in range(n):
-            x, y = next(self.batches)
+            x, y, _ = next(self.batches)
             self.optimizer.zero_grad(set_to_none=True)
             self.loss(self.model(x), y).backward()
             torch.nn.utils.clip_grad_value_(self.model.parameters(), self.clip)

@@ -70,7 +70,7 @@ def train(split: Split, steps: int, seed: int) -> torch.nn.Module:
     stream = BatchStream(split, batch_size=32, seed=seed)
     model.train()
     for _ in range(steps):
-        x, y = next(stream)
+        x, y, _ = next(stream)
         loss = F.binary_cross_entropy_with_logits(model(to_input(x)), y)
         optimizer.zero_grad()
         loss.backward()

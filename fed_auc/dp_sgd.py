@@ -16,7 +16,9 @@ public count), the loss of a batch is the mean over its rows of the loss of the 
 (1−p)(h−a)²·[y=1] + p(h−b)²·[y=0] + 2α(p·h·[y=0] − (1−p)·h·[y=1]) plus α's own terms
 (2αp(1−p)m − p(1−p)α² for AUC-M) that every row carries. So g_i is the gradient of the
 loss of the one-row batch {i} (computed with the loss module itself), including α's
-data-independent part. (With several labels and unknown entries the batch loss divides each
+data-independent part, times the row's sampling weight (``Batch.weights``: a constant per
+class, fixed by the sampler's rates, so it does not make one row's term depend on another).
+(With several labels and unknown entries the batch loss divides each
 label by its own known rows; DP-SGD uses the plain mean over rows, which weights a row's
 labels by 1/m instead.) Fed-SGDA's label-weighted full passes are refused here.
 
@@ -46,7 +48,7 @@ from fed_auc.accounting import (
 from fed_auc.algorithms.base import Broadcast, Reply, validate_positive
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.privacy import DATA_METRICS
-from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable
+from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable, batch_loss
 
 DP_MODES = ("update", "example")
 
@@ -129,7 +131,12 @@ class PrivateGradients:
         return self  # a copied Trainable (FedSGDA's anchor) shares the log and the noise
 
     def gradients(
-        self, trainable: Trainable, x: torch.Tensor, y: torch.Tensor, label_weights=None
+        self,
+        trainable: Trainable,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        row_weights: torch.Tensor | None = None,
+        label_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(batch loss, private gradients of the primal then dual block)."""
         if label_weights is not None:
@@ -138,15 +145,20 @@ class PrivateGradients:
                 "unknown entries under FedSGDA); use single-label data or another backend"
             )
         names = [*trainable.primal, *trainable.dual]
-        value, per_example = per_example_gradients(trainable, x, y, names)
+        value, per_example = per_example_gradients(trainable, x, y, names, row_weights=row_weights)
         return value, self._privatize(per_example)
 
     def dual_gradients_at(
-        self, trainable: Trainable, point: Tensors, x: torch.Tensor, y: torch.Tensor
+        self,
+        trainable: Trainable,
+        point: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        row_weights: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """α's private gradient with the primal block at ``point`` (Fed-Norm-SGDA+)."""
         names = list(trainable.dual)
-        _, per_example = per_example_gradients(trainable, x, y, names, point)
+        _, per_example = per_example_gradients(trainable, x, y, names, point, row_weights)
         return self._privatize(per_example)
 
     def _privatize(self, per_example: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -174,10 +186,11 @@ def per_example_gradients(
     y: torch.Tensor,
     names: list[str],
     point: Tensors | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(mean of the rows' losses, one (B, *shape) gradient per name): row i's gradient is
-    that of the loss of the one-row batch {i}. ``point``: primal values to use instead of
-    the current ones (names ``w/…``, ``auc/…``)."""
+    that of the loss of the one-row batch {i}, weighted as ``batch_loss`` weights it.
+    ``point``: primal values to use instead of the current ones (names ``w/…``, ``auc/…``)."""
     model, loss = trainable.model, trainable.loss
     moved = {n: t for n, t in (point or {}).items() if n in trainable.primal}
     values = {**trainable.primal, **trainable.dual, **moved}
@@ -203,7 +216,8 @@ def per_example_gradients(
     total = torch.zeros((), dtype=logits.dtype)
     for i in range(rows):
         row = logits[i : i + 1].clone().requires_grad_(True)
-        value = functional_call(loss, leaves, (row, y[i : i + 1]))
+        weight = None if row_weights is None else row_weights[i : i + 1]
+        value = batch_loss(loss, row, y[i : i + 1], weight, leaves)
         found = torch.autograd.grad(value, [row, *leaves.values()], allow_unused=True)
         upstream[i] = found[0][0]
         for (k, leaf), g in zip(leaves.items(), found[1:], strict=True):

@@ -9,6 +9,17 @@ performs the descent/ascent step; these modules only define the objective. Per l
 means divide by the number of rows whose label is known, not by the number of positives, so
 a batch without positives is fine (codasca_notes §6.2 item 11). The total is the sum over
 labels, so each label's (a, b, alpha) receives exactly its single-label gradient.
+
+Row weights. The AUC losses weight each row by p or 1 − p, so they are right only when a
+batch holds positives at the rate p of the data. A sampler with a positive floor
+over-samples positives (``fed_auc.data.sampling``); it hands each row a weight that makes
+the batch an unbiased sample again, and ``weights`` multiplies row i's whole loss,
+α's own terms included: loss = (1/n) Σ_i w_i · ℓ_i, with ℓ_i the loss of the one-row batch
+{i}. That keeps the loss a sum of per-row terms (DP-SGD clips each one) and puts the
+batch's α-maximizer back at m + mean(h | y=0) − mean(h | y=1) whatever the batch's
+positive count. Cross-entropy takes no weights: for it the floor is class rebalancing, a
+choice of objective the baseline keeps (``Trainable`` passes weights to minimax losses
+only).
 """
 
 from __future__ import annotations
@@ -53,6 +64,22 @@ def _class_masks(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return pos, neg, known.sum(dim=0).to(targets.dtype)
 
 
+def _weighted(
+    per_row: torch.Tensor, known: torch.Tensor, n: torch.Tensor, weights: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per label: (1/n) Σ_i w_i · (row i's data term), and (1/n) Σ_known w_i, the share of
+    α's own terms the rows carry (1 with unit weights, 0 for a label with no known row)."""
+    if weights is not None:
+        if weights.shape != per_row.shape[:1]:
+            raise ValueError(
+                f"row weights must have shape ({per_row.shape[0]},), got {tuple(weights.shape)}"
+            )
+        w = weights.to(per_row.dtype).unsqueeze(1)
+        per_row, known = per_row * w, known * w
+    count = n.clamp(min=1)
+    return per_row.sum(dim=0) / count, known.sum(dim=0) / count
+
+
 def validate_pos_ratio(pos_ratio: PosRatio | None, num_labels: int) -> torch.Tensor:
     """Turn a float (broadcast to all labels) or a length-L sequence into a float64 tensor."""
     if pos_ratio is None:
@@ -78,8 +105,10 @@ def auc_square_loss(
     b: torch.Tensor,
     alpha: torch.Tensor,
     pos_ratio: torch.Tensor,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """CODASCA eq. (2) on scores h in (0, 1), summed over labels (functional core)."""
+    """CODASCA eq. (2) on scores h in (0, 1), summed over labels (functional core);
+    ``weights`` (B,): one per row, see the module docstring."""
     pos, neg, n = _class_masks(targets)
     p = pos_ratio
     per_row = (
@@ -87,9 +116,8 @@ def auc_square_loss(
         + p * (scores - b) ** 2 * neg
         + 2 * (1 + alpha) * (p * scores * neg - (1 - p) * scores * pos)
     )
-    has_rows = (n > 0).to(scores.dtype)
-    per_label = per_row.sum(dim=0) / n.clamp(min=1) - has_rows * p * (1 - p) * alpha**2
-    return per_label.sum()
+    row_sum, share = _weighted(per_row, pos + neg, n, weights)
+    return (row_sum - share * p * (1 - p) * alpha**2).sum()
 
 
 def auc_margin_loss(
@@ -100,8 +128,10 @@ def auc_margin_loss(
     alpha: torch.Tensor,
     pos_ratio: torch.Tensor,
     margin: float,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """AUC-margin (AUC-M) min-max loss on scores h in (0, 1), summed over labels."""
+    """AUC-margin (AUC-M) min-max loss on scores h in (0, 1), summed over labels;
+    ``weights`` (B,): one per row, see the module docstring."""
     pos, neg, n = _class_masks(targets)
     p = pos_ratio
     per_row = (
@@ -109,10 +139,9 @@ def auc_margin_loss(
         + p * (scores - b) ** 2 * neg
         + 2 * alpha * (p * scores * neg - (1 - p) * scores * pos)
     )
-    has_rows = (n > 0).to(scores.dtype)
+    row_sum, share = _weighted(per_row, pos + neg, n, weights)
     constant = 2 * alpha * p * (1 - p) * margin - p * (1 - p) * alpha**2
-    per_label = per_row.sum(dim=0) / n.clamp(min=1) + has_rows * constant
-    return per_label.sum()
+    return (row_sum + share * constant).sum()
 
 
 class _AUCLoss(nn.Module):
@@ -162,10 +191,19 @@ class AUCMarginLoss(_AUCLoss):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         self.margin = float(margin)
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         logits, targets = _as_2d(logits, targets, self.num_labels)
         return auc_margin_loss(
-            torch.sigmoid(logits), targets, self.a, self.b, self.alpha, self.pos_ratio, self.margin
+            torch.sigmoid(logits),
+            targets,
+            self.a,
+            self.b,
+            self.alpha,
+            self.pos_ratio,
+            self.margin,
+            weights,
         )
 
     @torch.no_grad()
@@ -183,10 +221,12 @@ class AUCSquareLoss(_AUCLoss):
     def __init__(self, num_labels: int = 1, *, pos_ratio: PosRatio | None) -> None:
         super().__init__(num_labels, pos_ratio)
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         logits, targets = _as_2d(logits, targets, self.num_labels)
         return auc_square_loss(
-            torch.sigmoid(logits), targets, self.a, self.b, self.alpha, self.pos_ratio
+            torch.sigmoid(logits), targets, self.a, self.b, self.alpha, self.pos_ratio, weights
         )
 
     def extra_repr(self) -> str:

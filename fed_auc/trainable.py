@@ -25,6 +25,22 @@ AUC = "auc/"
 BUFFER = "buf/"
 
 
+def batch_loss(
+    loss: nn.Module,
+    logits: torch.Tensor,
+    y: torch.Tensor,
+    row_weights: torch.Tensor | None,
+    variables: Mapping[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The loss of a batch, with the loss's own variables (a, b, α) replaced by ``variables``
+    if given. Row weights go to the minimax (AUC) losses, whose p must match the batch's;
+    cross-entropy trains on the batch as drawn (fed_auc.losses, "Row weights")."""
+    args = (logits, y)
+    if row_weights is not None and getattr(loss, "is_minimax", False):
+        args = (logits, y, row_weights)
+    return loss(*args) if variables is None else functional_call(loss, dict(variables), args)
+
+
 class Trainable:
     """The model and loss of one node, with the primal block v = (w, a, b) and dual block α.
 
@@ -112,18 +128,25 @@ class Trainable:
         return getattr(self.loss, "dual_min", None)
 
     def gradients(
-        self, x: torch.Tensor, y: torch.Tensor, label_weights: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        row_weights: torch.Tensor | None = None,
+        *,
+        label_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Loss on one batch and its gradients w.r.t. the primal and dual blocks (in order).
 
-        ``label_weights`` (one per label): the loss is Σ_l weight_l · (the loss of label l
-        alone, the other labels taken as unknown) instead of the loss of all labels, so the
-        chunks of a pass can each be weighted by their share of every label's known rows.
+        ``row_weights`` (one per row): the sampler's weights (``Batch.weights``), so
+        ``trainable.gradients(*batch)`` takes a batch as drawn. ``label_weights`` (one per
+        label): the loss is Σ_l weight_l · (the loss of label l alone, the other labels taken
+        as unknown) instead of the loss of all labels, so the chunks of a pass can each be
+        weighted by their share of every label's known rows.
         """
         if self.private is not None:
-            value, grads = self.private.gradients(self, x, y, label_weights)
+            value, grads = self.private.gradients(self, x, y, row_weights, label_weights)
         else:
-            value, grads = self._plain_gradients(x, y, label_weights)
+            value, grads = self._plain_gradients(x, y, row_weights, label_weights)
         if self.grad_scale:  # per-block learning rates: lr · factor for these tensors
             names = [*self.primal, *self.dual]
             for i, name in enumerate(names):
@@ -133,15 +156,22 @@ class Trainable:
         return value.detach(), grads[:n], grads[n:]
 
     def _plain_gradients(
-        self, x: torch.Tensor, y: torch.Tensor, label_weights: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        row_weights: torch.Tensor | None,
+        label_weights: torch.Tensor | None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         logits = self.forward(x)
         if label_weights is None:
-            value = self.loss(logits, y)
+            value = batch_loss(self.loss, logits, y, row_weights)
         else:
             column = torch.arange(y.shape[1], device=y.device)
             terms = [
-                weight * self.loss(logits, torch.where(column == label, y, torch.nan))
+                weight
+                * batch_loss(
+                    self.loss, logits, torch.where(column == label, y, torch.nan), row_weights
+                )
                 for label, weight in enumerate(label_weights.tolist())
                 if weight
             ]
@@ -149,7 +179,11 @@ class Trainable:
         return value, list(torch.autograd.grad(value, self._primal_list + self._dual_list))
 
     def dual_gradients_at(
-        self, point: Tensors, x: torch.Tensor, y: torch.Tensor
+        self,
+        point: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        row_weights: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """∇_α of the loss on one batch with the primal block taken at ``point`` (``w/…``,
         ``auc/…``) and α at its current value: Fed-Norm-SGDA+'s ascent direction at a snapshot.
@@ -158,7 +192,7 @@ class Trainable:
         snapshot leaves this node's BatchNorm statistics untouched.
         """
         if self.private is not None:
-            return self.private.dual_gradients_at(self, point, x, y)
+            return self.private.dual_gradients_at(self, point, x, y, row_weights)
         params = {n[len(WEIGHT) :]: t for n, t in point.items() if n.startswith(WEIGHT)}
         scratch = {n: b.clone() for n, b in self.model.named_buffers()}
         with torch.no_grad():  # α's gradient needs the scores, not their graph
@@ -166,7 +200,7 @@ class Trainable:
         loss_params = {
             n[len(AUC) :]: t for n, t in point.items() if n.startswith(AUC) and n in self.primal
         }
-        value = functional_call(self.loss, loss_params, (scores, y))
+        value = batch_loss(self.loss, scores, y, row_weights, loss_params)
         return list(torch.autograd.grad(value, self._dual_list))
 
     @torch.no_grad()

@@ -76,7 +76,7 @@ def test_stream_augments_images_keeps_labels_and_rows() -> None:
     plain = BatchStream(split, batch_size=16, seed=2)
     augmented = BatchStream(split, batch_size=16, seed=2, augment=Augment("crop_flip", seed=9))
     for _ in range(5):
-        (x0, y0), (x1, y1) = next(plain), next(augmented)
+        (x0, y0, _), (x1, y1, _) = next(plain), next(augmented)
         assert torch.equal(y0, y1)  # labels unchanged, same rows drawn
         assert x1.shape == x0.shape and not torch.equal(x0, x1)
         # the integer part of every pixel is its row: the shift pads with 0, never another row
@@ -112,8 +112,8 @@ def test_node_trains_on_augmented_batches_but_evaluates_the_stored_images(tmp_pa
         site, backend, config, "ce", tmp_path, batch_size=8, augment="crop_flip", tta="none"
     )
     plain = Node(site, backend, config, "ce", tmp_path / "p", batch_size=8)
-    x, y = next(node.batches)
-    x0, y0 = next(plain.batches)
+    x, y, _ = next(node.batches)
+    x0, y0, _ = next(plain.batches)
     assert torch.equal(y, y0) and not torch.equal(x, x0)
     tensors = node.trainable.tensors()
     scored = node.evaluate(tensors, splits=("test",), pooled=True).splits["test"].scores

@@ -46,7 +46,7 @@ def test_poisson_batches_include_each_row_at_its_class_rate_and_resume_exactly()
     counts = torch.zeros(200)
     sizes = []
     for _ in range(2000):
-        x, y = next(stream)
+        x, y, _ = next(stream)
         sizes.append(len(x))
         counts[(x[:, 0, 0, 0] * 200).round().long()] += 1
     freq = counts / 2000  # each row's inclusion frequency, against its class's rate (±4 sd)

@@ -87,7 +87,7 @@ def test_batches_gather_the_rows_they_report() -> None:
     stream = BatchStream(split, batch_size=16, seed=3)
     twin = BatchStream(split, batch_size=16, seed=3)
     for _ in range(10):
-        x, y = next(stream)
+        x, y, _ = next(stream)
         rows = twin.next_indices()
         assert x.shape == (16, 1, 4, 4) and y.shape == (16, 1)
         assert torch.equal(x[:, 0, 0, 0].long(), rows)

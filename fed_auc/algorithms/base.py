@@ -29,8 +29,9 @@ LocalState = dict[str, Any]
 class Batches(Protocol):
     """A node's local training data as a backend sees it (the node's ``BatchStream``)."""
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next sampled minibatch (x, y)."""
+    def __next__(self) -> Sequence[torch.Tensor]:
+        """The next sampled minibatch: (x, y) or a ``Batch`` (x, y, row weights), to be taken
+        as drawn with ``trainable.gradients(*batch)``."""
 
     def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """All local training data once, in chunks (for full local gradients)."""

@@ -11,7 +11,7 @@ step costs little more than a plain ``optimizer.step()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,14 +67,14 @@ def _apply(
 
 def sgda_step(
     trainable: Trainable,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    batch: Sequence[torch.Tensor],
     rule: StepRule,
     prox_ref: list[torch.Tensor] | None = None,
     correction: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> float:
-    """One SGDA step on batch (x, y); returns the batch loss."""
-    value, primal_grads, dual_grads = trainable.gradients(x, y)
+    """One SGDA step on a batch as drawn ((x, y) or a ``Batch`` with row weights); returns
+    the batch loss."""
+    value, primal_grads, dual_grads = trainable.gradients(*batch)
     with torch.no_grad():
         primal_dir = primal_direction(trainable, primal_grads, rule, prox_ref)
         if correction is not None:
@@ -87,7 +87,7 @@ def sgda_step(
 
 def run_local_steps(
     trainable: Trainable,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterator[Sequence[torch.Tensor]],
     steps: int,
     rule: StepRule,
     prox_ref: list[torch.Tensor] | None = None,
@@ -106,7 +106,7 @@ def run_local_steps(
         batch = next(batches, None)
         if batch is None:
             raise RuntimeError(f"the batch stream ended after {done} of {steps} local steps")
-        total += sgda_step(trainable, *batch, rule, prox_ref, correction)
+        total += sgda_step(trainable, batch, rule, prox_ref, correction)
         if iterate_sum is not None:
             with torch.no_grad():
                 torch._foreach_add_(iterate_sum, params)

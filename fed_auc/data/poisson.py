@@ -12,6 +12,11 @@ rest. The accountant uses q = max(q₊, q₋): every row's rate is at most q, so
 holds for every patient, and the rarer class, sampled more often, is what sets it. The
 rates depend on the class counts n₊ and n₋, which the site already reports in the clear at
 registration; the guarantee is for the training examples given those counts.
+
+Raising a class's rate over-samples it, so each row carries the weight r/q_c of its class
+(r = B/n, the rate without floors): every row then counts r in expectation, as under uniform
+sampling, and the AUC losses see the split's prevalence (fed_auc.losses, "Row weights").
+The weights are constants, so a row's weighted gradient is still its own, clipped alone.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
-from fed_auc.data.stream import SplitStream
+from fed_auc.data.stream import Batch, SplitStream
 
 
 class DrawLog(Protocol):
@@ -79,10 +84,12 @@ class PoissonBatches(SplitStream):
             torch.tensor(self.negative_rate, dtype=torch.float64),
         )
         self.sample_rate = float(self._rates.max())  # what the accountant assumes for all
+        uniform = min(1.0, batch_size / len(split))
+        self._weights = (uniform / self._rates).to(torch.get_default_dtype())
         self.log: DrawLog | None = None  # set by DP-SGD while a node trains
         self._passes = 0
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Batch:
         coins = torch.rand(len(self.split), generator=self._generator, dtype=torch.float64)
         rows = torch.nonzero(coins < self._rates).flatten()
         if self.log is not None:
@@ -90,7 +97,7 @@ class PoissonBatches(SplitStream):
         images = self.split.images[rows]
         if self.augment is not None and len(rows):
             images = self.augment(images)
-        return images, self.split.labels[rows]
+        return Batch(images, self.split.labels[rows], self._weights[rows])
 
     def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The whole split once, in order, in chunks (q = 1 for the accountant)."""

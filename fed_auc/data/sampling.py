@@ -5,6 +5,10 @@ prevalence can be a few percent, so positives are over-sampled to a floor per ba
 label skew a site can also be nearly all positive (a BreastMNIST site with 124 benign images
 of 125), so negatives can have a floor too, as LibAUC's DualSampler fixes both counts.
 Everything else is plain epoch-wise shuffling without replacement.
+
+A floor changes which rows a batch holds, not the objective: a stream with a floor weights
+each batch by class, so its positives weigh p·B in all and its negatives (1 − p)·B, with p
+the split's positive fraction (a stratified sample; see ``BatchStream.row_weights``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
-from fed_auc.data.stream import SplitStream
+from fed_auc.data.stream import Batch, SplitStream
 
 
 class BatchStream(SplitStream):
@@ -33,6 +37,7 @@ class BatchStream(SplitStream):
     epochs in one batch, i.e. rows repeat (sampling with replacement).
     An ``augment`` transform (training-time augmentation) changes the images of the batches
     ``next()`` returns; ``full_pass`` and ``next_indices`` are never augmented.
+    ``next()`` returns a ``Batch`` whose ``weights`` are ``row_weights`` of its rows.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class BatchStream(SplitStream):
             )
         self._positive_rows = torch.nonzero(self._positive).flatten()
         self._negative_rows = torch.nonzero(~self._positive).flatten()
+        self.positive_fraction = len(self._positive_rows) / len(split)
         has_both = 0 < len(self._positive_rows) < len(split)
         self.min_positives = math.ceil(min_pos_fraction * batch_size) if has_both else 0
         self.min_negatives = math.ceil(min_neg_fraction * batch_size) if has_both else 0
@@ -65,12 +71,28 @@ class BatchStream(SplitStream):
         self._negative_queue = torch.empty(0, dtype=torch.long)
         self.epoch = 0  # epochs started so far
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Batch:
         rows = self.next_indices()
         images = self.split.images[rows]
         if self.augment is not None:
             images = self.augment(images)
-        return images, self.split.labels[rows]
+        return Batch(images, self.split.labels[rows], self.row_weights(rows))
+
+    def row_weights(self, rows: torch.Tensor) -> torch.Tensor:
+        """One weight per row of a batch: ones without a floor; with one, the stratified
+        weights p·B/k for each of the batch's k positive rows and (1 − p)·B/(B − k) for each
+        negative (p = ``positive_fraction``), so a batch's weighted mean of any per-row
+        quantity is unbiased for the split's mean whatever the floor added. A batch that
+        lacks a class (possible only for a class without a floor) keeps ones.
+        """
+        weights = torch.ones(len(rows), dtype=torch.get_default_dtype())
+        positive = self._positive[rows]
+        k = int(positive.sum())
+        if (self.min_positives or self.min_negatives) and 0 < k < len(rows):
+            p, size = self.positive_fraction, len(rows)
+            weights[positive] = p * size / k
+            weights[~positive] = (1 - p) * size / (size - k)
+        return weights
 
     def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The whole split once, in order, in chunks: for full local gradients (FedSGDA).

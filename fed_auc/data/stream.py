@@ -4,12 +4,23 @@ of the same size (``BatchStream`` for fixed-size batches, ``PoissonBatches`` for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+
+
+class Batch(NamedTuple):
+    """One training batch: images, labels and one weight per row. A sampler that
+    over-samples a class (the positive floor) gives its rows the weights that make the batch
+    an unbiased sample of the split again (fed_auc.losses, "Row weights"); all ones when it
+    samples rows uniformly."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor
 
 
 class SplitStream:
