@@ -131,3 +131,11 @@ def test_prevalence_dual_step_is_refused_where_it_would_diverge_or_is_not_set():
         _backend("codasca", lr=0.2, dual_lr="prevalence").dual_lr_of(0)
     with pytest.raises(ValueError, match="dual_lr must be a finite number"):
         _backend("codasca", lr=0.2, dual_lr="often")
+
+
+@pytest.mark.parametrize("name", ["fedsgda_mb", "fedsgda_storm", "fed_norm_sgda"])
+def test_backends_with_their_own_alpha_rule_name_the_ones_that_take_prevalence(name):
+    with pytest.raises(ValueError, match=f"not available for {name}.*codasca, coda_plus"):
+        build_backend(name, dual_lr="prevalence")
+    with pytest.raises(ValueError, match="dual_lr must be a finite number"):
+        build_backend(name, dual_lr=-1.0)

@@ -119,6 +119,17 @@ def validate_positive(name: str, value: float, *, allow_zero: bool = False) -> N
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
+def validate_numeric_dual_lr(backend: str, value: object) -> None:
+    """A backend whose α step is its own rule takes a number, not ``dual_lr=prevalence``."""
+    if value == DUAL_LR_PREVALENCE:
+        raise ValueError(
+            f"dual_lr = {DUAL_LR_PREVALENCE!r} is not available for {backend}, whose α step "
+            "follows its own rule: give a number (the scaling to the prevalence is for codasca, "
+            "coda_plus, local_sgda and fedavg)"
+        )
+    validate_positive("dual_lr", value)
+
+
 class SecureTotal(Protocol):
     """What secure aggregation reveals (``fed_auc.secure_aggregation.encoding.SecureSum``)."""
 

@@ -61,6 +61,7 @@ from fed_auc.algorithms.base import (
     prefixed,
     unprefixed,
     validate_choice,
+    validate_numeric_dual_lr,
     validate_positive,
     weighted_mean,
 )
@@ -94,8 +95,9 @@ class FedNormSGDA(Backend):
         **common,
     ) -> None:
         super().__init__(site_weighting=site_weighting, **common)
+        if dual_lr is not None:
+            validate_numeric_dual_lr(self.name, dual_lr)
         for name, value in (
-            ("dual_lr", dual_lr),
             ("server_lr", server_lr),
             ("server_dual_lr", server_dual_lr),
         ):

@@ -80,6 +80,7 @@ from fed_auc.algorithms.base import (
     prefixed,
     site_weights,
     unprefixed,
+    validate_numeric_dual_lr,
     validate_positive,
     weighted_mean,
 )
@@ -183,7 +184,7 @@ class _FedSGDA(Backend):
             lr_decay=lr_decay, weight_decay=weight_decay, grad_clip=grad_clip, **common
         )
         if dual_lr is not None:
-            validate_positive("dual_lr", dual_lr)
+            validate_numeric_dual_lr(self.name, dual_lr)
         validate_positive("decay_power", decay_power, allow_zero=True)
         self.dual_lr = self.lr if dual_lr is None else dual_lr
         self.decay_power = decay_power
