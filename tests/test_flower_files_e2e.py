@@ -211,6 +211,12 @@ def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_file
     with RunStore(root / "flower") as store:
         runs = store.runs()
     assert set(runs["algorithm"]) == {"codasca", "fedavg"}  # the warm-up is its own run
+    # The image-file recipe reached the deployed run: the equal models above were trained
+    # with the warm-up's head recentered and α's step scaled to the registered prevalence.
+    with RunStore(root / "flower") as store:
+        recorded = store.run(summary["run_id"])["config"]
+    assert recorded["warmup_head"] == "recenter"
+    assert recorded["backend_options"]["dual_lr"] == "prevalence"
     # Every dashboard page shows the deployed run as it shows the simulated one.
     for page in PAGES:
         shown = {}
