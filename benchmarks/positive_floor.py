@@ -1,8 +1,10 @@
 """The demo federation with four floors of positives per batch: final pooled and worst-site AUC.
 
 The sampler over-samples positives up to a floor so every batch carries both classes, while the
-AUC loss weights its terms with the global prevalence p; a floor far above a site's own
-prevalence makes its batches disagree with p. Same demo config (``fed-auc demo``: 4 synthetic
+AUC loss weights its terms with the global prevalence p. Until the samplers handed out row
+weights (``fed_auc.data.sampling``), a floor far above a site's own prevalence made its batches
+disagree with p and moved α's maximizer; with the weights a floor changes which rows a batch
+holds (the variance), not the objective. Same demo config (``fed-auc demo``: 4 synthetic
 hospitals, CODASCA, tiny DenseNet at 28 px, 8 local steps, lr ÷ 3 after 320 steps) for every
 floor; only ``min_pos_fraction`` changes.
 
