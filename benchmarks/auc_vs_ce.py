@@ -43,8 +43,12 @@ ARMS: dict[str, list[str]] = {
     "CODASCA": ["--algorithm", "codasca"],
     "CODA+": ["--algorithm", "coda_plus"],
     "Local SGDA": ["--algorithm", "local_sgda"],
+    "Fed-Norm-SGDA+": ["--algorithm", "fed_norm_sgda_plus"],
+    "FedSGDA-M (minibatch)": ["--algorithm", "fedsgda_mb"],
     "CODASCA, paper's α step": ["--algorithm", "codasca"],  # without the AUC recipe
 }
+# Backends whose α step is their own rule: they take the recentered head, not dual_lr.
+OWN_DUAL_STEP = ("Fed-Norm-SGDA+", "FedSGDA-M (minibatch)")
 # The recipe for image files and the synthetic demo's fast one. Cut down from the README's
 # real-data recipe (small network, 10 + 60 rounds) to what 2 shared CPU cores allow. The lr
 # of each was chosen on validation AUC (seeds 0–4, BENCHMARKS.md). BreastMNIST 5 %: FedAvg-CE
@@ -94,6 +98,8 @@ def arm_recipe(federation: str, arm: str, quick: bool = False) -> list[str]:
         return []
     if arm in WITHOUT_AUC_RECIPE:  # what image files now default to, undone
         return ["--warmup-head", "keep", "--backend-option", f"dual_lr={FILE_RECIPE[-1]}"]
+    if arm in OWN_DUAL_STEP:
+        return [] if synthetic else ["--warmup-head", "recenter"]
     return AUC_RECIPE if synthetic else AUC_FILE_RECIPE
 
 
@@ -271,10 +277,15 @@ def fragment_section(
         f"{len(runs)} runs, {minutes:.0f} run-minutes; load average (1 min) "
         f"{min(loads):.1f}–{max(loads):.1f} at their starts"
     )
-    options = " ".join(recipe(federation, quick) + extra)
+    text = f"`{' '.join(recipe(federation, quick) + extra)}`"
     auc = " ".join(arm_recipe(federation, "CODASCA", quick))
-    options += f"`; the AUC-loss contenders add `{auc}" if auc else ""
-    return f"#### {FEDERATIONS[federation]['title']}\n\n`{options}`; {note}.\n\n" + table(
+    if auc:
+        text += f"; the AUC-loss contenders add `{auc}`"
+    own = [arm for arm in OWN_DUAL_STEP if arm in results]
+    own_recipe = " ".join(arm_recipe(federation, own[0], quick)) if own else auc
+    if own_recipe != auc:
+        text += f" ({', '.join(own)}: " + (f"`{own_recipe}`)" if own_recipe else "nothing)")
+    return f"#### {FEDERATIONS[federation]['title']}\n\n{text}; {note}.\n\n" + table(
         FEDERATIONS[federation]["title"], results
     )
 

@@ -22,7 +22,9 @@ def test_every_contender_shares_the_federation_seed_and_recipe(tmp_path):
         shared = [a for a in cmd if a not in bench.ARMS[arm] and a not in auc]
         assert shared == base, arm
         paper = arm in bench.WITHOUT_AUC_RECIPE
-        assert ("dual_lr=prevalence" in cmd) != paper and ("recenter" in cmd) != paper, arm
+        own_rule = arm in bench.OWN_DUAL_STEP  # their α step is their own: no dual_lr
+        assert ("dual_lr=prevalence" in cmd) != (paper or own_rule), arm
+        assert ("recenter" in cmd) != paper, arm
         assert cmd[cmd.index("--seed") + 1] == "3"
         assert cmd[cmd.index("--positive-label") + 1] == "0"
         assert cmd[cmd.index("--partition") + 1] == "imratio:0.05,0.05,0.05,0.05"
@@ -68,6 +70,10 @@ def test_table_pairs_each_contender_with_fedavg_ce_seed_by_seed():
     assert "+0.050 [+0.050, +0.050]" in coda  # seeds 0 and 2 only, both +0.05
     section = bench.fragment_section("breast_5", results, False, [])
     assert "8 runs, 8 run-minutes" in section and "load average (1 min) 3.0–3.0" in section
+    assert "(Fed-Norm-SGDA+" not in section
+    results["Fed-Norm-SGDA+"] = _runs([(0, 0.81)])
+    section = bench.fragment_section("breast_5", results, False, [])
+    assert "dual_lr=prevalence` (Fed-Norm-SGDA+: `--warmup-head recenter`)" in section
 
 
 def test_causes_table_gives_the_validation_difference_to_the_recipe():
