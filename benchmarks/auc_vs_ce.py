@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
         if not args.quick
         else f"Quick: `{' '.join(QUICK_RECIPE)}`"
     )
+    if args.from_json:  # the seeds the files hold, not the ones a run would use
+        held = {s for arms in everything.values() for runs in arms.values() for s in runs}
+        seeds = sorted(held)
     head = provenance(" ".join(map(str, seeds)), time.perf_counter() - start, settings + ".")
     emit("\n\n".join([head, *sections]) + "\n", args.markdown)
 
