@@ -30,13 +30,27 @@ def simulate(tmp_path, name, **changes):
     return model, rows, events
 
 
-def assert_same_model(secure, plain, rtol=1e-4, atol=1e-5):
+def first_round_state(tmp_path, name) -> dict:
+    """What the coordinator aggregated in round 1: the model and, where the backend keeps
+    them, its reference point and control variates (``simulate`` must have run)."""
+    runs = tmp_path / name
+    with RunStore(runs) as store:
+        run_id = store.runs()["id"].iloc[-1]
+    state = load_checkpoint(runs / run_id, 1)["state"]
+    return {
+        f"{part}:{name}": tensor
+        for part in ("model", "ref", "control")
+        if isinstance(state.get(part), dict)
+        for name, tensor in state[part].items()
+    }
+
+
+def assert_same_model(secure, plain, atol=1e-6):
     """Float32 runs: the secure means differ from the plain float32 sums by their rounding
-    (the quantization itself is ≤ K · 2^-33 per value); the next round's training amplifies
-    such differences (CODASCA's Δc^k divides moves by I·η), hence the two-round tolerance."""
+    (the quantization itself is ≤ K · 2^-33 per value)."""
     assert secure.keys() == plain.keys()
     for name in plain:
-        assert torch.allclose(secure[name], plain[name], rtol=rtol, atol=atol), name
+        assert torch.allclose(secure[name], plain[name], rtol=0, atol=atol), name
 
 
 @pytest.mark.parametrize("algorithm", ["codasca", "fedavg", "coda_plus", "fed_norm_sgda"])
@@ -45,7 +59,14 @@ def test_a_secure_run_trains_the_plain_runs_model_and_records_no_per_site_signal
 ):
     plain, plain_rows, _ = simulate(tmp_path, "plain", algorithm=algorithm)
     secure, rows, _ = simulate(tmp_path, "secure", algorithm=algorithm, secure_aggregation=True)
-    assert_same_model(secure, plain)
+    # Round 1: what secure aggregation computed equals the plain sums within float32 rounding.
+    first = first_round_state(tmp_path, "plain")
+    assert len(first) > len(plain) or algorithm != "codasca"  # its control variates too
+    assert_same_model(first_round_state(tmp_path, "secure"), first)
+    # Round 2 trains from those states: float32 local training can magnify a 1e-7 difference
+    # (CODASCA's correction divides moves by I·η; a ReLU or max-pool that switches sends a
+    # gradient elsewhere), so the last model is held to a bound that such growth stays under.
+    assert_same_model(secure, plain, atol=1e-3)
     trained = rows[rows["round"] > 0]
     assert (trained["status"] == "completed").all()
     assert trained[["update_norm", "drift", "cosine", "cv_drift"]].isna().all().all()
@@ -63,7 +84,7 @@ def test_weak_sites_and_personal_heads_under_secure_aggregation(tmp_path):
     options = {"sites": 3, "rounds": 1, "partial_training": True, "personalize": "head"}
     plain, _, _ = simulate(tmp_path, "plain", **options)
     secure, rows, _ = simulate(tmp_path, "secure", secure_aggregation=True, **options)
-    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    assert_same_model(secure, plain)
     groups = rows[rows["round"] == 1]["trained_groups"].map(json.loads).map(len)
     assert groups.nunique() > 1  # some site trained a suffix only
 
@@ -87,7 +108,7 @@ def test_a_site_lost_after_sharing_keys_leaves_the_sum_of_the_others(tmp_path, m
     _failing(monkeypatch, "train", lost, lambda broadcast: True)
     plain, _, _ = simulate(tmp_path, "plain", sites=4, rounds=1)
     secure, rows, events = simulate(tmp_path, "secure", sites=4, rounds=1, secure_aggregation=True)
-    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    assert_same_model(secure, plain)
     assert rows[(rows["round"] == 1) & (rows["site"] == lost)]["status"].item() == "error"
     assert events["message"].str.contains("lost its network").sum() == 1
 
@@ -98,7 +119,7 @@ def test_a_site_lost_before_unmasking_stays_in_the_sum(tmp_path, monkeypatch):
     _failing(monkeypatch, "secure_step", lost, lambda step, message: step == "unmask")
     plain, _, _ = simulate(tmp_path, "plain", sites=4, rounds=1)
     secure, rows, events = simulate(tmp_path, "secure", sites=4, rounds=1, secure_aggregation=True)
-    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    assert_same_model(secure, plain)
     assert (rows[rows["round"] == 1]["status"] == "completed").all()
     assert events["message"].str.contains("secure aggregation unmask").sum() == 1
 
@@ -127,7 +148,7 @@ def test_on_a_sparse_graph_a_site_lost_after_sharing_is_recovered_through_its_ne
     _failing(monkeypatch, "train", lost, lambda broadcast: True)
     plain, _, _ = simulate(tmp_path, "plain", sites=5, rounds=1)
     secure, rows, _ = simulate(tmp_path, "secure", secure_aggregation=True, **SPARSE)
-    assert_same_model(secure, plain, rtol=0, atol=1e-6)
+    assert_same_model(secure, plain)
     assert rows[(rows["round"] == 1) & (rows["site"] == lost)]["status"].item() == "error"
 
 
