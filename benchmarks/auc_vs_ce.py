@@ -53,7 +53,7 @@ OWN_DUAL_STEP = ("Fed-Norm-SGDA+", "FedSGDA-M (minibatch)")
 # real-data recipe (small network, 10 + 60 rounds) to what 2 shared CPU cores allow. The lr
 # of each was chosen on validation AUC (seeds 0–4, BENCHMARKS.md). BreastMNIST 5 %: FedAvg-CE
 # 0.855 / 0.848 / 0.861 at lr 0.2 / 0.4 / 0.8; CODASCA with the AUC recipe 0.852 at 0.8.
-# Synthetic, rare findings: FedAvg-CE 0.776 / 0.871 / 0.879 / 0.872 at lr 0.1 / 0.5 / 0.8 /
+# Synthetic, rare findings: FedAvg-CE 0.776 / 0.871 / 0.879 / 0.871 at lr 0.1 / 0.5 / 0.8 /
 # 1.2; CODASCA 0.624 / 0.765 / 0.823 at 0.1 / 0.5 / 0.8 and 0.822 at 1.2 (α at the paper's η).
 FILE_RECIPE = ["--model", "tiny", "--warmup-rounds", "5", "--rounds", "15", "--lr", "0.8"]
 SYNTHETIC_RECIPE = ["--rounds", "20", "--lr", "0.8"]
