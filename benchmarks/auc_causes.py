@@ -8,6 +8,10 @@ classifier after the CE warm-up, the warm-up length, the positive floor against 
 loss, the lr of the AUC phase and its decay, and the server step (CODASCA's η_g).
 
     python benchmarks/auc_causes.py --federation breast_5 --seeds 0 1 2 --jobs 2
+    python benchmarks/auc_causes.py --recipe current --variants "warm-up 0 rounds" ...
+
+``--recipe screened`` (the default) changes the recipe as it was first screened; ``--recipe
+current`` changes today's: the CODASCA arm of ``auc_vs_ce.py`` with the image-file defaults.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ BASE = "recipe"
 SCREENED = ["--lr", "0.2", "--warmup-head", "keep", "--backend-option", "dual_lr=0.2"]
 
 
+# Each recipe: the options every variant adds to, and the arm of auc_vs_ce.py it runs.
+RECIPES: dict[str, tuple[list[str], str]] = {
+    "screened": (SCREENED, "CODASCA, paper's α step"),
+    "current": ([], "CODASCA"),  # lr 0.8, recentered head, dual_lr=prevalence
+}
+
+
 def lr(value: str) -> list[str]:
     """A learning rate for the warm-up and the AUC phase, α's step at the paper's η with it."""
     return ["--lr", value, "--backend-option", f"dual_lr={value}"]
@@ -50,7 +61,7 @@ VARIANTS: dict[str, list[str]] = {
     "classifier bias recentered after warm-up": RECENTER,
     "recentered + dual_lr = 20η": [*RECENTER, "--backend-option", "dual_lr=4.0"],
     "warm-up 10 rounds": ["--warmup-rounds", "10"],
-    "warm-up 0 rounds": ["--warmup-rounds", "0"],
+    "warm-up 0 rounds": ["--warmup-rounds", "0", "--warmup-head", "keep"],  # no head to change
     "positive floor 0.2 per batch": ["--min-pos-fraction", "0.2"],
     "lr 0.1": lr("0.1"),
     "lr 0.4": lr("0.4"),
@@ -60,19 +71,22 @@ VARIANTS: dict[str, list[str]] = {
     "lr 0.8, recentered, dual_lr = 20η": ["--lr", "0.8", *RECENTER, *dual("16.0")],
     "lr ÷ 3 every 5 rounds": ["--decay-every", "40"],
     "η_g = 2 (server step)": ["--eta-g", "2.0"],
+    "GroupNorm instead of BatchNorm": ["--norm", "group"],
+    "AUC-square loss": ["--loss", "auc_square"],
 }  # fmt: skip
 
 
 def screen(
-    federation: str, arm: str, variants: list[str], seeds: list[int], jobs: int, npz: Path
-) -> dict[str, dict[int, dict]]:
+    federation: str, arm: str, variants: list[str], seeds: list[int], jobs: int, npz: Path,
+    base: list[str] = SCREENED,
+) -> dict[str, dict[int, dict]]:  # fmt: skip
     runs = Path(tempfile.mkdtemp(prefix="auc_causes_"))
     results: dict[str, dict[int, dict]] = {v: {} for v in variants}
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, 2))) as pool:
         futures = {
             (v, s): pool.submit(
                 run_one,
-                command(federation, arm, s, runs / str(i), npz, extra=SCREENED + VARIANTS[v]),
+                command(federation, arm, s, runs / str(i), npz, extra=base + VARIANTS[v]),
             )
             for s in seeds
             for i, v in enumerate(variants)
@@ -108,7 +122,8 @@ def table(results: dict[str, dict[int, dict]], base: str = BASE) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--federation", choices=list(FEDERATIONS), default="breast_5")
-    parser.add_argument("--arm", choices=list(ARMS), default="CODASCA, paper's α step")
+    parser.add_argument("--recipe", choices=list(RECIPES), default="screened")
+    parser.add_argument("--arm", choices=list(ARMS), help="default: the recipe's")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2)
@@ -117,11 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     variants = [BASE, *[v for v in args.variants if v != BASE]]
     start = time.perf_counter()
-    results = screen(args.federation, args.arm, variants, args.seeds, args.jobs, args.npz)
+    base, default_arm = RECIPES[args.recipe]
+    arm = args.arm or default_arm
+    results = screen(args.federation, arm, variants, args.seeds, args.jobs, args.npz, base)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
     elapsed = time.perf_counter() - start
-    print(f"\n{args.federation}, {args.arm}, seeds {args.seeds}, {elapsed:.0f} s")
+    print(f"\n{args.federation}, {arm}, {args.recipe} recipe, seeds {args.seeds}, {elapsed:.0f} s")
     print(table(results))
 
 

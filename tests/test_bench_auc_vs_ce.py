@@ -45,6 +45,18 @@ def test_a_changed_option_comes_after_the_recipe_so_it_wins(tmp_path):
     assert lrs == ["0.8", "0.2", "0.1"]  # the recipe's, the screen's, the variant's: last wins
 
 
+def test_the_current_recipe_screens_codasca_with_the_image_file_defaults(tmp_path):
+    base, arm = auc_causes.RECIPES["current"]
+    cmd = bench.command("breast_5", arm, 0, tmp_path, extra=base)
+    assert cmd[cmd.index("--algorithm") + 1] == "codasca"
+    assert "dual_lr=prevalence" in cmd and "recenter" in cmd
+    no_warmup = bench.command("breast_5", arm, 0, tmp_path,
+                              extra=base + auc_causes.VARIANTS["warm-up 0 rounds"])  # fmt: skip
+    heads = [no_warmup[i + 1] for i, a in enumerate(no_warmup) if a == "--warmup-head"]
+    warmups = [no_warmup[i + 1] for i, a in enumerate(no_warmup) if a == "--warmup-rounds"]
+    assert heads[-1] == "keep" and warmups[-1] == "0"  # recentering needs a warm-up
+
+
 def test_paired_interval_matches_a_t_interval_and_brackets_the_mean():
     diffs = [0.03, 0.01, 0.04, -0.01, 0.02]
     mean, lo, hi = bench.paired_ci(diffs)
