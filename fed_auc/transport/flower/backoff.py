@@ -11,9 +11,18 @@ benchmarks/flower_overhead.py) shorter waits took the transport overhead from 9.
 Here the first wait is ``INITIAL_S`` and they grow to ``CAP_S``, with as many tries as keep
 Flower's own patience (``PULL_MAX_TIME``) for a slow link. The ServerApp, the SuperNode and
 the node's task executor each call ``shorten()``.
+
+Flower's patience is also a hazard for the ServerApp: a node that dies after pushing a
+reply's head but before its objects leaves that reply unpullable until the SuperLink's
+object-push session expires (``OBJECT_PUSH_SESSION_TTL_SECONDS``, 3 min), and the pull
+blocks that long, past the round's deadline, while other sites' replies wait unpulled.
+``time_limit`` caps one pull at the time the round has left.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from flwr.supercore import constant
 from flwr.supercore.inflatable import inflatable_utils
@@ -32,3 +41,16 @@ def shorten() -> None:
         puller.__kwdefaults__.update(
             initial_backoff=INITIAL_S, backoff_cap=CAP_S, max_tries_per_object=tries
         )
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Within the block, a reply whose objects are not all pulled in ``seconds`` becomes
+    Flower's "unavailable" error reply instead of blocking the pull (ServerApp only)."""
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    before = defaults["max_time"]
+    defaults["max_time"] = seconds
+    try:
+        yield
+    finally:
+        defaults["max_time"] = before

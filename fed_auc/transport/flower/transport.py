@@ -23,6 +23,7 @@ from fed_auc.node import Evaluation
 from fed_auc.node_setup import NodeSetup
 from fed_auc.trainable import Tensors
 from fed_auc.transport.base import NodeFailure
+from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.client import frame_content, message_frame
 from fed_auc.transport.flower.codec import (
     Frame,
@@ -35,6 +36,9 @@ from fed_auc.transport.flower.codec import (
 # How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
 # sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
 PULL_INTERVAL_S = 0.05
+# The longest a pull may take once the deadline has come: enough to fetch a reply that was
+# complete at the SuperLink by then (a DenseNet121 reply is ~28 MB of float32 weights).
+LAST_PULL_S = 5.0
 
 
 @dataclass
@@ -270,17 +274,23 @@ class FlowerTransport:
 
     def _exchange(self, messages: list[Message], timeout: float) -> list[Message]:
         """Push the messages, then pull replies every ``PULL_INTERVAL_S`` until all are in
-        or the deadline passes."""
+        or the deadline passes, and once more after it: a reply at the SuperLink by the
+        deadline counts. No pull outlives the deadline by more than ``LAST_PULL_S``: a reply
+        whose node died mid-upload comes back as an error reply, not a 3-minute stall."""
         if not messages:
             return []
         pending = set(self.grid.push_messages(messages))
         deadline = time.monotonic() + timeout
         replies: list[Message] = []
-        while pending and time.monotonic() < deadline:
-            got = list(self.grid.pull_messages(pending))
+        while pending:
+            last = time.monotonic() >= deadline
+            with backoff.time_limit(max(deadline - time.monotonic(), LAST_PULL_S)):
+                got = list(self.grid.pull_messages(pending))
             replies += got
             pending -= {reply.metadata.reply_to_message_id for reply in got}
-            if pending:
+            if last:
+                break
+            if pending and time.monotonic() < deadline:
                 time.sleep(PULL_INTERVAL_S)
         return replies
 
