@@ -89,6 +89,8 @@ def test_a_reply_whose_objects_never_arrive_is_dropped_by_the_deadline(monkeypat
     monkeypatch.setattr(TaskIdentity, "_run_id", 7)  # what a ServerApp task has set
     monkeypatch.setattr(TaskIdentity, "_node_id", SERVER_NODE)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    for puller in backoff.PULLERS:  # shorten() edits Flower's defaults: restored afterwards
+        monkeypatch.setattr(puller, "__kwdefaults__", dict(puller.__kwdefaults__))
     backoff.shorten()  # the ServerApp's pull backoff (20 ms … 0.25 s, Flower's 2 h patience)
     transport = _transport(SuperLinkLike())
     frames = {site: ({"kind": "train"}, []) for site in ("healthy", "dead")}
