@@ -2,6 +2,10 @@
 
 Example-level DP-SGD (``fed_auc.dp_sgd``) counts local steps; update-level DP
 (``fed_auc.privacy``) counts one Gaussian mechanism per block of each update a site sends.
+Each mode's ε is for its own neighbouring relation (``RELATIONS``): DP-SGD's for adding or
+removing one training example; update-level DP's for replacing one hospital's whole training
+data (which sites replied is public, so "this hospital's data vs none" hides nothing: the
+relation is replace-one, sensitivity 2C, so its Gaussian's multiplier is σ/2).
 
 The node never computes ε itself: it records what it released as ``dp-accounting`` events
 and asks the library. One local step on a Poisson-sampled batch (each row in with
@@ -13,26 +17,45 @@ full pass over the local split (FedSGDA's full gradients) is a Gaussian mechanis
 
 The ledger is a per-site, append-only file: a release is counted once, even if the
 coordinator later drops the reply or the node restarts, because the noisy update did leave
-the node. A release is keyed by what determines it entirely (round, phase, the broadcast and
-the sampler's state); the same key reproduces the same bytes (the noise is seeded by the
-key), so releasing it again costs nothing and is not counted twice.
+the node. A release is keyed by everything that determines its computation (``release_key``:
+round, phase, the broadcast's tensors and config, the node's settings, the sampler's state
+and the local state); the same key reproduces the same bytes, so answering it again costs
+nothing and is not counted twice, while any other computation is a new key: fresh noise,
+charged as a new release (the same round asked again with other settings spends more ε).
+
+The noise itself is drawn from a secret only the node holds (``NodeSecret``): random bytes
+created once in its state directory, never sent, combined with the release key through
+HMAC-SHA256. A resumed run reproduces itself on that node; the coordinator, holding the
+run's config, its broadcasts, the registrations and the store, cannot regenerate the noise
+and subtract it. DP-SGD's Poisson sampler draws from the same secret: amplification by
+subsampling holds only while the sample is secret.
+
+The planner (``example_plan``, ``update_plan``) counts what a backend really releases in a
+round (its phases, full passes and gradients evaluated twice, from
+``Backend.private_draws``; a personal model's extra steps; a site's own local steps) so a
+target ε calibrates σ for the run that will run, and a budget that cannot last is refused
+before round 1 with the ε it would need.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import math
+import os
+import secrets
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fed_auc.io import save_json
+from fed_auc.secure_aggregation.messages import CONFIG_KEY as SECURE_CONFIG_KEY
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -40,6 +63,16 @@ if TYPE_CHECKING:
     from fed_auc.algorithms.base import Broadcast
 
 LEDGER_FILE = "privacy_ledger.json"
+SECRET_FILE = "dp_secret.bin"  # the node's noise secret: never sent, never in the store
+SECRET_BYTES = 32
+
+# The neighbouring relation each DP mode's ε is for (named wherever an ε is shown).
+RELATIONS = {
+    "example": "add or remove one training example (image) of a site",
+    "update": "replace one hospital's whole training data",
+}
+# Update-level DP's sensitivity under replace-one: two clipped moves differ by up to 2C.
+UPDATE_SENSITIVITY = 2.0
 
 
 class BudgetSpent(RuntimeError):
@@ -77,26 +110,134 @@ def epsilon(steps: Iterable[Step], delta: float) -> float:
         return float(accountant.get_epsilon(delta))
 
 
+@dataclass(frozen=True)
+class Mechanism:
+    """``count`` Gaussian mechanisms planned at sampling rate ``q`` whose noise multiplier is
+    σ · ``scale`` (1/√k for gradients evaluated k times on the same rows; 1/(2√b) for an
+    update of b blocks under replace-one)."""
+
+    q: float
+    scale: float
+    count: int
+
+    def step(self, sigma: float) -> Step:
+        return Step(self.q, sigma * self.scale, self.count)
+
+
+Plan = tuple[Mechanism, ...]
+
+
+def _merged(mechanisms: Iterable[Mechanism], rounds: int) -> Plan:
+    counts: Counter[tuple[float, float]] = Counter()
+    for m in mechanisms:
+        counts[(m.q, m.scale)] += m.count * rounds
+    return tuple(Mechanism(q, scale, n) for (q, scale), n in sorted(counts.items()) if n)
+
+
+def example_plan(draws: Iterable, sample_rate: float, rounds: int) -> Plan:
+    """DP-SGD's plan: ``draws`` (``algorithms.base.Draw``: a Poisson batch or a full pass,
+    evaluated k times) of one round, repeated for ``rounds`` rounds."""
+    per_round = [
+        Mechanism(sample_rate if d.kind == "batch" else 1.0, 1 / math.sqrt(d.evaluations), 1)
+        for d in draws
+    ]
+    return _merged(per_round, rounds)
+
+
+def update_plan(blocks_per_release: Iterable[int], rounds: int) -> Plan:
+    """Update-level DP's plan: one release per phase of each round, of b blocks each (b
+    Gaussians of sensitivity 2C compose to one of 2C·√b: multiplier σ/(2√b))."""
+    per_round = [
+        Mechanism(1.0, 1 / (UPDATE_SENSITIVITY * math.sqrt(b)), 1) for b in blocks_per_release if b
+    ]
+    return _merged(per_round, rounds)
+
+
+def planned_epsilon(plan: Plan, sigma: float, delta: float) -> float:
+    """ε at ``delta`` that the whole ``plan`` spends at noise multiplier ``sigma``."""
+    return epsilon([m.step(sigma) for m in plan], delta)
+
+
 @functools.lru_cache(maxsize=256)
-def noise_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int) -> float:
-    """σ such that ``steps`` steps at rate ``q`` spend ``target_epsilon`` at ``delta``
-    (``dp_accounting.calibrate_dp_mechanism``, the library's own search; a second of RDP
-    evaluations, so remembered per process: nodes of one site restart with the same σ)."""
+def noise_for_plan(target_epsilon: float, delta: float, plan: Plan) -> float:
+    """σ such that the whole ``plan`` spends ``target_epsilon`` at ``delta``
+    (``dp_accounting.calibrate_dp_mechanism``, the library's own search)."""
     dp_accounting = _library()
+
+    def event(sigma: float):
+        return dp_accounting.ComposedDpEvent([m.step(sigma).event() for m in plan])
+
     with _quiet():
-        return _calibrate(dp_accounting, target_epsilon, delta, q, steps)
-
-
-def _calibrate(dp_accounting, target_epsilon: float, delta: float, q: float, steps: int) -> float:
-    return float(
-        dp_accounting.calibrate_dp_mechanism(
-            dp_accounting.rdp.RdpAccountant,
-            lambda sigma: Step(q, sigma, steps).event(),
-            target_epsilon,
-            delta,
-            dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+        return float(
+            dp_accounting.calibrate_dp_mechanism(
+                dp_accounting.rdp.RdpAccountant,
+                event,
+                target_epsilon,
+                delta,
+                dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+            )
         )
-    )
+
+
+def check_plan(
+    plan: Plan, sigma: float, delta: float, target: float | None, site: str, rounds: int
+) -> float:
+    """ε the whole plan spends at ``sigma``; refuse, before round 1, a budget that cannot
+    last the planned rounds (naming the site and the ε the plan would need)."""
+    needed = planned_epsilon(plan, sigma, delta)
+    if target is not None and needed > target * (1 + 1e-6):
+        raise ValueError(
+            f"site {site!r}: the privacy budget cannot last the run: {rounds} rounds of what "
+            f"this backend releases need ε = {needed:.3g} at σ = {sigma:.3g} (δ = {delta}), "
+            f"over target_epsilon = {target}; raise target_epsilon, lower rounds or local "
+            "steps, or leave dp_noise out so σ is calibrated to the target"
+        )
+    return needed
+
+
+class NodeSecret:
+    """Random bytes only this node holds, created once in its state directory and never
+    sent: the noise and DP-SGD's sample are drawn from HMAC-SHA256(secret, what is drawn),
+    so nobody else can regenerate them, and a restarted node draws the same."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / SECRET_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            _create_secret(self.path)
+        key = self.path.read_bytes()
+        if len(key) != SECRET_BYTES:
+            raise ValueError(
+                f"{self.path}: a node's DP secret must be {SECRET_BYTES} bytes, found "
+                f"{len(key)}; delete it only if this run has released nothing yet"
+            )
+        self._key = key
+
+    def seed(self, purpose: str, key: str = "") -> int:
+        """A 63-bit generator seed for ``purpose`` (e.g. "noise") and ``key`` (a release)."""
+        digest = hmac.new(self._key, f"{purpose}\0{key}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "little") >> 1
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"NodeSecret({str(self.path)!r})"
+
+
+def _create_secret(path: Path) -> None:
+    """Write the secret atomically, readable by the node's user only; a concurrent creator
+    wins or loses whole (os.link refuses to replace)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(SECRET_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class PrivacyLedger:
@@ -179,16 +320,48 @@ class PrivacyLedger:
                   self.path)  # fmt: skip
 
 
-def release_key(seed: int, site: str, broadcast: Broadcast, sampler: dict) -> str:
-    """What fixes a release entirely: seed, site, round, phase, the broadcast's tensors and
-    the sampler's state (``sampler``: its ``state_dict()`` before the update). The noise is
-    seeded by it, so the same key is the same bytes and a new key draws fresh noise."""
-    digest = hashlib.sha256(f"{seed}:{site}:{broadcast.round}:{broadcast.phase}".encode())
-    for name in sorted(broadcast.tensors):
-        digest.update(name.encode())
-        digest.update(broadcast.tensors[name].detach().contiguous().numpy().tobytes())
-    digest.update(sampler["generator"].numpy().tobytes())
+def release_key(
+    site: str,
+    broadcast: Broadcast,
+    sampler: Mapping,
+    settings: Mapping | None = None,
+    local_state: Mapping | None = None,
+) -> str:
+    """What fixes a release's computation: site, round, phase, the broadcast's tensors and
+    config, the node's ``settings`` (backend hyperparameters, batch, floors, DP), the
+    sampler's state before the update and the local state it starts from. Secure
+    aggregation's config is left out: it masks the reply after the release (post-processing).
+    The same key is the same computation; any change is a new key, a new release."""
+    digest = hashlib.sha256(f"{site}\0{broadcast.round}\0{broadcast.phase}".encode())
+    config = {k: v for k, v in broadcast.config.items() if k != SECURE_CONFIG_KEY}
+    _hash_into(digest, {"tensors": broadcast.tensors, "config": config})
+    _hash_into(digest, {"settings": settings or {}, "sampler": sampler})
+    _hash_into(digest, {"local_state": local_state or {}})
     return digest.hexdigest()
+
+
+def _hash_into(digest, value) -> None:
+    """Feed ``value`` (nested mappings, sequences, tensors, JSON scalars) to ``digest`` in a
+    canonical order, tensors by dtype, shape and bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, Mapping):
+        digest.update(b"{")
+        for name in sorted(value, key=str):
+            digest.update(json.dumps(str(name)).encode())
+            _hash_into(digest, value[name])
+        digest.update(b"}")
+    elif isinstance(value, list | tuple):
+        digest.update(b"[")
+        for item in value:
+            _hash_into(digest, item)
+        digest.update(b"]")
+    else:
+        digest.update(json.dumps(value, sort_keys=True, default=repr).encode())
 
 
 @contextmanager

@@ -89,9 +89,11 @@ class Coordinator:
         personal: Collection[str] = (),
         eval_every: int = 1,
         secure: Any = None,
+        dp_relation: str | None = None,
     ) -> None:
         """``secure``: a ``SecureAggregation`` (fed_auc.secure_aggregation.rounds): the
-        coordinator then learns only sums of the sites' replies."""
+        coordinator then learns only sums of the sites' replies. ``dp_relation``: the
+        neighbouring relation the sites' ε are for, recorded beside each ε."""
         if not 0 < participation <= 1:
             raise ValueError(f"participation must be in (0, 1], got {participation!r}")
         if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
@@ -110,6 +112,7 @@ class Coordinator:
         self.aggregation.check_backend(backend)
         self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
         self.eval_every = eval_every  # rounds between evaluations (round 0 and the last always)
+        self.dp_relation = dp_relation
         self.groups = model_groups(trainable.names())  # layer groups, None for toy models
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
@@ -155,6 +158,12 @@ class Coordinator:
             try:
                 results.append(self.run_round(evaluate=due))
             except BudgetsSpent as exc:  # the run ends with the rounds it has
+                if upcoming == 1:  # nothing trained: no model to export as "completed"
+                    raise FederationError(
+                        f"round 1 trained nothing: {exc}. The planner sizes σ for the planned "
+                        "rounds, so a budget spent at round 1 means the target ε is too small "
+                        "for one round of this backend"
+                    ) from exc
                 self.store.add_event(self.run_id, str(exc), "warning", None, upcoming)
                 break
             if on_round is not None:
@@ -233,6 +242,7 @@ class Coordinator:
         for site, row in rows.items():  # ε spent so far, also where a site did not train
             if site in self.privacy:
                 row.dp_epsilon, row.dp_delta = self.privacy[site]
+                row.dp_relation = self.dp_relation
         record.duration_s = time.perf_counter() - start
         self._finish_round(record, rows, kept)
         return record

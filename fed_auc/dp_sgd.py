@@ -39,13 +39,15 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from fed_auc.accounting import (
+    NodeSecret,
     PrivacyLedger,
     Step,
     check_delta,
-    noise_for_epsilon,
-    release_key,
+    check_plan,
+    example_plan,
+    noise_for_plan,
 )
-from fed_auc.algorithms.base import Broadcast, Reply, validate_positive
+from fed_auc.algorithms.base import Broadcast, Draw, Reply, validate_positive
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.privacy import DATA_METRICS
 from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable, batch_loss
@@ -55,37 +57,33 @@ DP_MODES = ("update", "example")
 
 @dataclass(frozen=True)
 class ExampleDP:
-    """DP-SGD's settings: clip norm C, noise multiplier σ (or a target ε to derive it
-    from), δ, and the steps the calibration plans for (rounds × local steps)."""
+    """DP-SGD's settings: clip norm C, noise multiplier σ and/or a target ε, δ, and what the
+    planner plans for: ``rounds`` rounds of at most ``local_steps`` local steps (a site's own
+    local steps replace it). Only σ: no cap. Only ε: σ calibrated so the planned run spends
+    it. Both: σ as given, and a run whose plan needs more than ε is refused before round 1."""
 
     clip: float
     noise_multiplier: float | None = None
     delta: float = 1e-5
     target_epsilon: float | None = None
-    planned_steps: int = 1
-    seed: int = 0
+    rounds: int = 1
+    local_steps: int = 1
 
     def __post_init__(self) -> None:
         validate_positive("dp_clip", self.clip)
         check_delta(self.delta)
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+        if self.noise_multiplier is None and self.target_epsilon is None:
             raise ValueError(
-                "dp = 'example' needs exactly one of dp_noise (σ) and target_epsilon (ε), got "
-                f"dp_noise={self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}"
+                "dp = 'example' needs dp_noise (σ) or target_epsilon (ε), got neither"
             )
         if self.noise_multiplier is not None:
             validate_positive("dp_noise", self.noise_multiplier)
         if self.target_epsilon is not None:
             validate_positive("target_epsilon", self.target_epsilon)
-        if int(self.planned_steps) != self.planned_steps or self.planned_steps < 1:
-            raise ValueError(f"planned_steps must be an integer ≥ 1, got {self.planned_steps!r}")
-
-    def noise_for(self, sample_rate: float) -> float:
-        """σ for a site sampling at ``sample_rate``: the given one, or calibrated so that
-        ``planned_steps`` steps spend ``target_epsilon``."""
-        if self.noise_multiplier is not None:
-            return self.noise_multiplier
-        return noise_for_epsilon(self.target_epsilon, self.delta, sample_rate, self.planned_steps)
+        for name in ("rounds", "local_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"DP planning: {name} must be an integer ≥ 1, got {value!r}")
 
 
 class DrawLog:
@@ -240,11 +238,28 @@ def per_example_gradients(
 
 
 class PrivateTraining:
-    """A node's DP-SGD: its sampler, σ, ledger and budget; wraps each local update."""
+    """A node's DP-SGD: its sampler, plan, σ, ledger and budget; wraps each local update.
+    ``draws``: what one round draws from the data (every phase's ``Backend.private_draws``,
+    plus a personal model's steps); the noise comes from ``secret``, the node's own."""
 
-    def __init__(self, dp: ExampleDP, site: str, batches: PoissonBatches, state_dir) -> None:
-        self.dp, self.site, self.batches = dp, site, batches
-        self.sigma = dp.noise_for(batches.sample_rate)
+    def __init__(
+        self,
+        dp: ExampleDP,
+        site: str,
+        batches: PoissonBatches,
+        state_dir,
+        secret: NodeSecret,
+        draws: list[Draw],
+    ) -> None:
+        self.dp, self.site, self.batches, self.secret = dp, site, batches, secret
+        self.plan = example_plan(draws, batches.sample_rate, dp.rounds)
+        given = dp.noise_multiplier
+        self.sigma = given if given is not None else noise_for_plan(
+            dp.target_epsilon, dp.delta, self.plan
+        )
+        self.planned_epsilon = check_plan(
+            self.plan, self.sigma, dp.delta, dp.target_epsilon, site, dp.rounds
+        )
         self.ledger = PrivacyLedger(state_dir, dp.delta)
 
     def check_open(self) -> None:
@@ -252,11 +267,11 @@ class PrivateTraining:
         self.ledger.check_open(self.dp.target_epsilon)
 
     @contextmanager
-    def update(self, trainable: Trainable, broadcast: Broadcast) -> Iterator[DrawLog]:
-        """Private gradients for one ``client_update``; noise seeded by the release's key."""
-        key = release_key(self.dp.seed, self.site, broadcast, self.batches.state_dict())
+    def update(self, trainable: Trainable, key: str) -> Iterator[DrawLog]:
+        """Private gradients for one ``client_update`` (the release ``key``); the noise is
+        drawn from the node's secret, keyed by the release."""
         log = DrawLog(key)
-        generator = torch.Generator().manual_seed(int(key[:16], 16))
+        generator = torch.Generator().manual_seed(self.secret.seed("noise", key))
         trainable.private = PrivateGradients(self.dp.clip, self.sigma, log, generator)
         self.batches.log = log
         try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fed_auc.accounting import RELATIONS
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.algorithms.base import DUAL_LR_PREVALENCE, validate_positive
 from fed_auc.data.augment import AUGMENTATIONS
@@ -413,13 +414,13 @@ class ExperimentConfig:
             noise_multiplier=self.dp_noise or None,
             delta=self.dp_delta,
             target_epsilon=self.target_epsilon,
-            planned_steps=self.rounds * steps,
-            seed=self.seed,
+            rounds=self.rounds,
+            local_steps=steps,
         )
 
     def update_dp(self) -> UpdateDP | None:
         """Update-level DP's settings (dp_clip without dp = 'example'), planned for every
-        round's phases: a site may take part in all of them."""
+        round's phases (``PrivateUpdates``): a site may take part in all of them."""
         if self.dp == "example" or self.dp_clip is None:
             return None
         return UpdateDP(
@@ -427,9 +428,15 @@ class ExperimentConfig:
             noise_multiplier=self.dp_noise,
             delta=self.dp_delta,
             target_epsilon=self.target_epsilon,
-            planned_releases=self.rounds * len(ALGORITHMS[self.algorithm].phases),
-            seed=self.seed,
+            rounds=self.rounds,
         )
+
+    def dp_relation(self) -> str | None:
+        """The neighbouring relation this run's ε is for (None: no ε is accounted)."""
+        if self.dp == "example":
+            return RELATIONS["example"]
+        update = self.update_dp()
+        return RELATIONS["update"] if update is not None and update.accounted else None
 
     def model_norm(self) -> str:
         """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples) and

@@ -126,6 +126,7 @@ def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
         )
         + f"; accountant: {privacy['accountant']}",
         f"- ε protects {privacy['protects']}",
+        f"- neighbouring relation: {privacy.get('relation') or 'not recorded'}",
         "",
         "| site | ε at the exported round | ε over the run |",
         "|---|---|---|",

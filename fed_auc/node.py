@@ -17,6 +17,7 @@ lost to a coordinator crash) is thrown away and the node goes back to its commit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import nullcontext
@@ -27,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fed_auc.algorithms.base import Backend, Broadcast, Reply
+from fed_auc.accounting import NodeSecret, release_key
+from fed_auc.algorithms.base import Backend, Broadcast, Draw, Reply
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.poisson import PoissonBatches
@@ -109,11 +111,14 @@ class Node:
         augment: str = "none",
         tta: str | None = None,
         example_dp: ExampleDP | None = None,
+        local_steps: int | None = None,
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
-        next); None builds this node's own. ``state_in_memory`` False keeps the local state on
-        disk only between rounds, so a simulation of hundreds of sites holds one at a time.
+        next); None builds this node's own. ``local_steps``: the site's own τ_i (its site
+        file), which DP's planner plans for instead of the experiment's. ``state_in_memory``
+        False keeps the local state on disk only between rounds, so a simulation of hundreds
+        of sites holds one at a time.
         ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
         default for its ``augment``, as in ``fed-auc simulate``.
         """
@@ -145,21 +150,41 @@ class Node:
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
         if example_dp is not None and privacy is not None:
             raise ValueError("choose update-level (privacy) or example-level DP, not both")
+        noised = example_dp is not None or (privacy is not None and privacy.accounted)
+        # the noise (and DP-SGD's sample) come from a secret only this node holds
+        self.secret = NodeSecret(state_dir) if noised else None
         stream = BatchStream if example_dp is None else PoissonBatches
         self.batches = stream(
             site.train,
             batch_size,
-            seed=seed,
+            seed=seed if example_dp is None else self.secret.seed("sampler"),
             min_pos_fraction=min_pos_fraction,
             min_neg_fraction=min_neg_fraction,
             augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
+        # what changes a release's computation, besides the request and the local state
+        self._settings = {
+            "backend": backend.name, "hyperparameters": backend.hyperparameters(),
+            "loss": loss_name, "batch_size": batch_size, "augment": augment,
+            "floors": [min_pos_fraction, min_neg_fraction],
+            "trained_groups": self.trainable.trained_groups,
+            "personalize": None if personalization is None else repr(personalization),
+            "dp": repr(example_dp or privacy),
+        }  # fmt: skip
         self.private_training = None
         if example_dp is not None:
-            self.private_training = PrivateTraining(example_dp, site.name, self.batches, state_dir)
+            if local_steps is not None:
+                example_dp = dataclasses.replace(example_dp, local_steps=local_steps)
+            self.private_training = PrivateTraining(
+                example_dp, site.name, self.batches, state_dir, self.secret,
+                self.private_draws(example_dp.local_steps),
+            )  # fmt: skip
         self.private_updates = None
         if privacy is not None:
-            self.private_updates = PrivateUpdates(privacy, site.name, state_dir)
+            blocks = [len(backend.reply_layout(phase).prefixes) for phase in backend.phases]
+            self.private_updates = PrivateUpdates(
+                privacy, site.name, state_dir, self.secret, blocks
+            )
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
@@ -168,6 +193,17 @@ class Node:
     @property
     def name(self) -> str:
         return self.site.name
+
+    def private_draws(self, local_steps: int) -> list[Draw]:
+        """What one round draws from the training data (DP-SGD's plan): every phase's
+        ``Backend.private_draws``, plus the personal model's own steps (``l2``)."""
+        draws = []
+        for phase in self.backend.phases:
+            drawn = self.backend.private_draws(phase, local_steps)
+            draws += drawn
+            if self.personalization is not None and any(d.kind == "batch" for d in drawn):
+                draws += self.personalization.private_draws(local_steps)
+        return draws
 
     def registration(self) -> dict[str, Any]:
         """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
@@ -186,11 +222,15 @@ class Node:
             if dp is not None:
                 dp.check_open()  # a site whose budget is spent trains no more
         self._sync_local_state(broadcast)
-        # the update's key (update-level DP): the broadcast and where the sampler starts
-        key = "" if updates is None else updates.release_key(broadcast, self.batches.state_dict())
+        key = ""  # the release this update makes: everything that fixes its computation
+        if self.secret is not None:
+            local = {"backend": self._local_state, "personal": self._personal}
+            key = release_key(
+                self.name, broadcast, self.batches.state_dict(), self._settings, local
+            )
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        with private.update(self.trainable, broadcast) if private else nullcontext() as log:
+        with private.update(self.trainable, key) if private else nullcontext() as log:
             if self.personalization is None:
                 reply, self._local_state = self.backend.client_update(
                     broadcast, self._local_state, self.trainable, self.batches

@@ -81,10 +81,12 @@ def build_node(
     tta: str | None = None,
     trainable: Trainable | None = None,
     state_in_memory: bool = True,
+    local_steps: int | None = None,
 ) -> Node:
     """The node of one site. ``memory_budget`` counts only under partial training;
     ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
-    warm model shared by in-process nodes (never with partial training or personal models)."""
+    warm model shared by in-process nodes (never with partial training or personal models);
+    ``local_steps``: the site's own τ_i (its file), which DP's planner plans for."""
     privacy = example = None
     if setup.example_dp is not None:
         example = ExampleDP(**setup.example_dp)
@@ -107,6 +109,7 @@ def build_node(
         personalization=setup.personalization(),
         trainable=trainable,
         state_in_memory=state_in_memory,
+        local_steps=local_steps,
         augment=augment,
         tta=tta or (setup.tta if augment == setup.augment else None),
     )

@@ -22,7 +22,15 @@ from typing import Any
 
 import torch
 
-from fed_auc.algorithms.base import Backend, Batches, Broadcast, LocalState, Reply, model_part
+from fed_auc.algorithms.base import (
+    Backend,
+    Batches,
+    Broadcast,
+    Draw,
+    LocalState,
+    Reply,
+    model_part,
+)
 from fed_auc.algorithms.codasca import CONTROL, REF
 from fed_auc.algorithms.fedsgda import _FedSGDA
 from fed_auc.algorithms.sgda import StepRule, primal_direction
@@ -54,6 +62,11 @@ class Personalization:
                 f"--personalize head does not compose with {backend.name} (its global "
                 "gradient estimate covers every tensor); use --personalize l2"
             )
+
+    def private_draws(self, local_steps: int) -> list[Draw]:
+        """What the personal model draws besides the backend (DP-SGD's plan): ``l2`` takes
+        its own ``local_steps`` minibatches after the backend's; ``head`` trains inside it."""
+        return [Draw("batch")] * local_steps if self.mode == "l2" else []
 
     def personal_names(self, names: Iterable[str]) -> list[str]:
         """The model tensors that stay on the site and never travel (none for ``l2``)."""

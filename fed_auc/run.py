@@ -173,6 +173,7 @@ def start_coordinator(
         aggregation=Aggregation.parse(config.aggregation),
         secure=secure_aggregation(config),
         eval_every=config.eval_every,
+        dp_relation=config.dp_relation(),
     )
 
 
@@ -344,11 +345,13 @@ def _integer(value: Any) -> int | None:
 EXAMPLE_ACCOUNTANT = "dp-accounting RDP, Poisson sampling, add/remove one example"
 SITE_ACCOUNTANT = (
     "dp-accounting RDP, one Gaussian mechanism per update a site sent, q = 1 (the coordinator's "
-    "sample of sites is seeded, so not secret: no amplification), add/remove one site"
+    "sample of sites is seeded, so not secret: no amplification), replace one site's data "
+    "(sensitivity 2C: multiplier σ/2 per block)"
 )
 EXAMPLE_UNIT = "one training example (image row) of a site; a patient with k images: about k·ε"
 SITE_UNIT = (
-    "one site's whole dataset (all its patients together), not a single patient beyond that; "
+    "one site's whole dataset (all its patients together) against any other dataset in its "
+    "place (replace-one: which sites replied is public), not a single patient beyond that; "
     "with few sites, the noise a small ε needs is large against the mean of the sites' updates"
 )
 
@@ -380,6 +383,7 @@ def privacy_card(
         "target_epsilon": config.target_epsilon,
         "delta": config.dp_delta,
         "accountant": SITE_ACCOUNTANT if update is not None else EXAMPLE_ACCOUNTANT,
+        "relation": config.dp_relation(),
         "protects": SITE_UNIT if update is not None else EXAMPLE_UNIT,
         "sites": by_site,
     }

@@ -179,6 +179,7 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
             tta=site.tta,
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
+            local_steps=site.local_steps,
         )
         for site in sites
     ]

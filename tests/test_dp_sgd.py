@@ -11,7 +11,14 @@ import pytest
 import torch
 from dp_accounting import pld, rdp
 
-from fed_auc.accounting import LEDGER_FILE, BudgetSpent, Step, epsilon, noise_for_epsilon
+from fed_auc.accounting import (
+    LEDGER_FILE,
+    BudgetSpent,
+    Mechanism,
+    Step,
+    epsilon,
+    noise_for_plan,
+)
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Broadcast
 from fed_auc.coordinator import Coordinator
@@ -169,7 +176,7 @@ def test_a_batch_evaluated_twice_costs_one_step_at_sigma_over_root_two() -> None
 
 
 def test_the_calibrated_noise_spends_the_target_and_no_more() -> None:
-    sigma = noise_for_epsilon(3.0, 1e-5, 0.05, 400)
+    sigma = noise_for_plan(3.0, 1e-5, (Mechanism(0.05, 1.0, 400),))
     spent = epsilon([Step(0.05, sigma, 400)], 1e-5)
     assert spent <= 3.0 and spent == pytest.approx(3.0, rel=1e-3)
     assert epsilon([Step(0.05, 0.99 * sigma, 400)], 1e-5) > 3.0  # less noise would overspend
@@ -185,7 +192,9 @@ def site(rows: int = 40) -> SiteData:
 
 
 def dp_node(tmp_path: Path, target: float, planned: int) -> Node:
-    dp = ExampleDP(clip=1.0, delta=1e-5, target_epsilon=target, planned_steps=planned)
+    dp = ExampleDP(
+        clip=1.0, delta=1e-5, target_epsilon=target, rounds=planned // 2, local_steps=2
+    )
     model = build_model("tiny", norm="group")
     return Node(
         site(), build_backend("local_sgda", local_steps=2), model.config(), "auc_margin",
@@ -257,12 +266,10 @@ def test_a_run_ends_cleanly_when_every_budget_is_spent(tmp_path: Path) -> None:
         ({"dp": "sample"}, "dp"),
         ({"dp": "example"}, "dp_clip"),
         ({"dp": "example", "dp_clip": 1.0}, "target_epsilon"),
-        ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "target_epsilon": 3.0}, "dp_noise"),
         ({"dp": "example", "dp_clip": -1.0, "dp_noise": 1.0}, "dp_clip"),
         ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "dp_delta": 1.5}, "dp_delta"),
         ({"dp": "example", "dp_clip": 1.0, "target_epsilon": 0.0}, "target_epsilon"),
         ({"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0, "warmup_rounds": 2}, "warmup_rounds"),
-        ({"dp": "update", "dp_clip": 1.0, "dp_noise": 1.0, "target_epsilon": 3.0}, "dp_noise"),
         ({"dp": "update", "dp_clip": 1.0, "dp_noise": 1.0, "norm": "batch"}, "norm"),
         ({"dp_clip": 1.0, "target_epsilon": 3.0, "warmup_rounds": 1}, "warmup_rounds"),
         ({"target_epsilon": 3.0}, "target_epsilon"),
@@ -281,10 +288,11 @@ def test_dp_example_plans_the_run_and_uses_group_norm(tmp_path: Path) -> None:
         runs_dir=str(tmp_path), rounds=5, local_steps=3, dp="example", dp_clip=1.0,
         target_epsilon=3.0,
     )  # fmt: skip
-    assert config.example_dp().planned_steps == 15 and config.model_norm() == "group"
+    planned = config.example_dp()
+    assert (planned.rounds, planned.local_steps) == (5, 3) and config.model_norm() == "group"
     update = ExperimentConfig(runs_dir=str(tmp_path), rounds=5, dp_clip=1.0, dp_noise=0.5)
     assert update.example_dp() is None and update.model_norm() == "group"
-    assert update.update_dp().planned_releases == 5 and update.update_dp().accounted
+    assert update.update_dp().rounds == 5 and update.update_dp().accounted
     clip_only = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0)
     assert not clip_only.update_dp().accounted and clip_only.model_norm() == "batch"
 

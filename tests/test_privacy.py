@@ -54,7 +54,7 @@ def blocks(broadcast: Broadcast) -> list[ReplyBlock]:
 
 def test_clipping_bounds_each_block_and_leaves_small_updates_and_buffers_alone() -> None:
     reply, broadcast = make(scale=5.0)
-    out = Privacy(clip=1.0).privatize(reply, broadcast, "s", blocks(broadcast))
+    out = Privacy(clip=1.0).privatize(reply, blocks(broadcast))
     update = {n: out.tensors[n] - broadcast.tensors[n] for n in ("w/x", "w/y", "auc/a")}
     assert block_norm(update) == pytest.approx(1.0, rel=1e-5)
     # The gradient block's move 0.5 · g is clipped to 1: g to 2, in its own direction.
@@ -65,22 +65,26 @@ def test_clipping_bounds_each_block_and_leaves_small_updates_and_buffers_alone()
     assert float(cosine) == pytest.approx(1.0, abs=1e-6)
     assert torch.equal(out.tensors["buf/mean"], reply.tensors["buf/mean"])
     small, broadcast = make(scale=1e-3)
-    kept = Privacy(clip=1.0).privatize(small, broadcast, "s", blocks(broadcast))
+    kept = Privacy(clip=1.0).privatize(small, blocks(broadcast))
     for name, tensor in small.tensors.items():
         torch.testing.assert_close(kept.tensors[name], tensor)
     assert (kept.site, kept.round, kept.phase, kept.steps) == ("s", 3, "train", 2)
 
 
-def test_noise_has_the_stated_scale_and_is_seeded_per_site_and_round() -> None:
+def test_noise_has_the_stated_scale_and_comes_from_the_generator_given() -> None:
     reply, broadcast = make(scale=0.0)  # no update at all: what comes back is the noise
-    privacy = Privacy(clip=0.5, noise_multiplier=2.0, seed=1)
-    out = privacy.privatize(reply, broadcast, "s", blocks(broadcast))
+    privacy = Privacy(clip=0.5, noise_multiplier=2.0)
+
+    def noised(seed: int):
+        return privacy.privatize(reply, blocks(broadcast), torch.Generator().manual_seed(seed))
+
+    out = noised(1)
     noise = torch.cat([(out.tensors[n] - broadcast.tensors[n]).flatten() for n in ("w/x", "w/y")])
     assert float(noise.std()) == pytest.approx(1.0, rel=0.15)  # σ·C = 1
-    again = privacy.privatize(reply, broadcast, "s", blocks(broadcast))
-    assert torch.equal(again.tensors["w/x"], out.tensors["w/x"])
-    other = privacy.privatize(reply, broadcast, "t", blocks(broadcast))
-    assert not torch.equal(other.tensors["w/x"], out.tensors["w/x"])
+    assert torch.equal(noised(1).tensors["w/x"], out.tensors["w/x"])
+    assert not torch.equal(noised(2).tensors["w/x"], out.tensors["w/x"])
+    with pytest.raises(ValueError, match="noise generator"):
+        privacy.privatize(reply, blocks(broadcast))
 
 
 @pytest.mark.parametrize(("clip", "noise"), [(0.0, 1.0), (float("nan"), 0.0), (1.0, -1.0)])
@@ -114,7 +118,7 @@ def test_privatizing_keeps_every_field_of_the_reply() -> None:
     reply, broadcast = make(scale=1.0)
     reply.trained_groups = ["norm", "classifier"]
     out = Privacy(clip=1.0, noise_multiplier=0.1).privatize(
-        reply, broadcast, "s", blocks(broadcast)
+        reply, blocks(broadcast), torch.Generator().manual_seed(0)
     )
     assert out.trained_groups == ["norm", "classifier"]
     assert (out.site, out.round, out.phase, out.num_examples) == ("s", 3, "train", 10)
@@ -125,10 +129,11 @@ DELTA = 1e-5
 
 
 def site_level_epsilon(sigma: float, releases: int) -> float:
-    """dp-accounting called directly: ``releases`` Gaussian mechanisms of noise multiplier σ
-    composed, no subsampling (the reference the node's ledger must match)."""
+    """dp-accounting called directly: ``releases`` Gaussian mechanisms, no subsampling, for
+    replace-one: two hospitals' clipped moves differ by up to 2C while the noise is σC, so each
+    is a Gaussian of noise multiplier σ/2 (the reference the node's ledger must match)."""
     accountant = rdp.RdpAccountant()
-    accountant.compose(dp_accounting.GaussianDpEvent(sigma), releases)
+    accountant.compose(dp_accounting.GaussianDpEvent(sigma / 2), releases)
     return accountant.get_epsilon(DELTA)
 
 
@@ -162,11 +167,13 @@ def test_each_site_spends_the_site_level_epsilon_of_the_rounds_it_took_part_in(t
     privacy = card["privacy"]
     assert privacy["mode"] == "update" and privacy["delta"] == DELTA
     assert "q = 1" in privacy["accountant"] and "whole dataset" in privacy["protects"]
+    assert privacy["relation"] == "replace one hospital's whole training data"
+    assert set(rows.dropna(subset=["dp_epsilon"])["dp_relation"]) == {privacy["relation"]}
     exported = card["selected_round"]
     for site in sites:
         mine = rows[rows["site"] == site].dropna(subset=["dp_epsilon"])
         ledger = json.loads((run_dir / "nodes" / site / LEDGER_FILE).read_text())
-        assert [r["steps"] for r in ledger["releases"].values()] == [[[1.0, 2.0, 1]]] * taken[site]
+        assert [r["steps"] for r in ledger["releases"].values()] == [[[1.0, 1.0, 1]]] * taken[site]
         assert privacy["sites"][site]["epsilon_run"] == pytest.approx(mine["dp_epsilon"].max())
         upto = mine[mine["round"] <= exported]["dp_epsilon"]
         assert privacy["sites"][site]["epsilon_exported"] == pytest.approx(upto.max())
@@ -189,11 +196,11 @@ def request(round_: int, tensors: dict) -> Broadcast:
 
 
 def test_a_target_epsilon_calibrates_sigma_and_the_ledger_stops_the_site(tmp_path) -> None:
-    dp = UpdateDP(clip=1.0, delta=DELTA, target_epsilon=4.0, planned_releases=2)
-    sigma = dp.sigma()  # dp-accounting's own calibration: two releases spend the target
+    dp = UpdateDP(clip=1.0, delta=DELTA, target_epsilon=4.0, rounds=2)
+    node = update_node(tmp_path, dp)
+    sigma = node.private_updates.sigma  # the planner's: two releases spend the target
     assert site_level_epsilon(sigma, 2) == pytest.approx(4.0, rel=1e-3)
     assert site_level_epsilon(sigma, 2) <= 4.0 < site_level_epsilon(0.99 * sigma, 2)
-    node = update_node(tmp_path, dp)
     tensors = node.trainable.tensors()
     for round_ in range(2):
         reply = node.train(request(round_, tensors))

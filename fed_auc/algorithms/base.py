@@ -37,6 +37,16 @@ class Batches(Protocol):
         """All local training data once, in chunks (for full local gradients)."""
 
 
+@dataclass(frozen=True)
+class Draw:
+    """One use of a site's training data in a local update, as DP-SGD's accountant counts it:
+    a sampled minibatch (``batch``) or a full pass over the split (``pass``), whose gradients
+    are evaluated ``evaluations`` times (e.g. at the iterate and at an anchor)."""
+
+    kind: str
+    evaluations: int = 1
+
+
 @dataclass
 class Broadcast:
     """What the server sends to every selected node for one phase of one round."""
@@ -287,6 +297,12 @@ class Backend(ABC):
         """The reply with what the server can derive from it and the ``broadcast`` it answers
         (such tensors need not travel); called on every valid reply before ``aggregate``."""
         return reply
+
+    def private_draws(self, phase: str, local_steps: int) -> list[Draw]:
+        """What one ``client_update`` of ``phase`` draws from the site's data, for DP-SGD's
+        planner (``accounting.example_plan``): by default one minibatch per local step,
+        evaluated once. A test runs every backend and compares this with its ledger."""
+        return [Draw("batch")] * local_steps
 
     def with_local_steps(self, state: ServerState, steps: Mapping[str, int]) -> ServerState:
         """``state`` told the τ_i that every site runs in the round being planned, sampled or

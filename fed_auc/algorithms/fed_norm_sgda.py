@@ -52,6 +52,7 @@ from fed_auc.algorithms.base import (
     Backend,
     Batches,
     Broadcast,
+    Draw,
     LocalState,
     Reply,
     ReplyLayout,
@@ -348,3 +349,7 @@ class FedNormSGDAPlus(FedNormSGDA):
 
     def _snapshot(self, broadcast: Broadcast) -> dict[str, torch.Tensor]:
         return unprefixed(SNAPSHOT, broadcast.tensors)
+
+    def private_draws(self, phase: str, local_steps: int) -> list[Draw]:
+        """Each minibatch's α-gradient is evaluated again at the snapshot (line 10)."""
+        return [Draw("batch", evaluations=2)] * local_steps

@@ -71,6 +71,7 @@ from fed_auc.algorithms.base import (
     Backend,
     Batches,
     Broadcast,
+    Draw,
     LocalState,
     Reply,
     ReplyLayout,
@@ -200,6 +201,13 @@ class _FedSGDA(Backend):
             prefixes = (GRADIENT, GRADIENT_PREVIOUS) if self.uses_previous else (GRADIENT,)
             return ReplyLayout(prefixes=prefixes, buffers=False)
         return ReplyLayout()
+
+    def private_draws(self, phase: str, local_steps: int) -> list[Draw]:
+        """Collect: one full pass per full gradient (two for STORM's ∇f_i(z̄_{t−1})); update:
+        each minibatch evaluated at z^{(k)} and at the anchor z̄_t."""
+        if phase == "collect":
+            return [Draw("pass")] * (2 if self.uses_previous else 1)
+        return [Draw("batch", evaluations=2)] * local_steps
 
     def move_rates(
         self, prefix: str, reply: Reply, request: Broadcast

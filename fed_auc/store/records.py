@@ -39,6 +39,7 @@ class SiteRound:
     metrics: dict[str, Any] = field(default_factory=dict)
     dp_epsilon: float | None = None  # DP-SGD: ε this site has spent up to this round
     dp_delta: float | None = None
+    dp_relation: str | None = None  # what ε protects: accounting.RELATIONS[mode]
 
 
 @dataclass

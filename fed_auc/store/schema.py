@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS site_rounds (
     metrics TEXT,                     -- JSON
     dp_epsilon REAL,                  -- DP-SGD: the site's ε spent so far (its accountant)
     dp_delta REAL,                    -- ... at this δ
+    dp_relation TEXT,                 -- ... for this neighbouring relation (accounting.RELATIONS)
     PRIMARY KEY (run_id, round, site)
 );
 CREATE TABLE IF NOT EXISTS sites (
@@ -82,5 +83,5 @@ CREATE TABLE IF NOT EXISTS events (
 # Columns added since a table was first shipped: an older store gets them when opened, so it
 # stays readable and writable (rows written before read NULL there).
 ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "site_rounds": [("dp_epsilon", "REAL"), ("dp_delta", "REAL")],
+    "site_rounds": [("dp_epsilon", "REAL"), ("dp_delta", "REAL"), ("dp_relation", "TEXT")],
 }

@@ -139,6 +139,7 @@ class NodeWorker:
                 memory_budget=self.site.budget(),
                 augment=self.site.augment,
                 tta=self.site.tta,
+                local_steps=self.site.local_steps,
             )
             self._setup = setup
             self._latest = None
