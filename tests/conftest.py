@@ -15,3 +15,21 @@ def _one_thread():
         patch.setenv("OMP_NUM_THREADS", "1")
         yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def shared_dp_secret(monkeypatch):
+    """Every node's DP secret set to one known value, for tests that compare two runs of the
+    same experiment (in-process and over the node path, or with and without secure
+    aggregation): a node's secret is otherwise its own random bytes per state directory, so
+    two runs draw different noise by design. The noise still differs per site and release
+    (the key names them)."""
+    from pathlib import Path
+
+    from fed_auc.accounting import SECRET_FILE, NodeSecret
+
+    def known(self, state_dir) -> None:
+        self.path = Path(state_dir) / SECRET_FILE
+        self._key = b"a secret shared by the runs compared"
+
+    monkeypatch.setattr(NodeSecret, "__init__", known)

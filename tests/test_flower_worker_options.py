@@ -271,7 +271,9 @@ def _assert_same_frame(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 
 @pytest.mark.parametrize("name", list(OPTION_SETS))
-def test_an_option_trains_the_same_through_node_workers_as_in_process(name, data, tmp_path):
+def test_an_option_trains_the_same_through_node_workers_as_in_process(
+    name, data, tmp_path, shared_dp_secret
+):
     options = {**BASE, **OPTION_SETS[name]}
     federation = options.pop("sites", "single")
     node = NODE_OPTIONS if federation == "node_options" else {}

@@ -69,7 +69,9 @@ def assert_within_quantization(secure: dict, plain: dict) -> None:
         assert gap <= allowed, (name, gap, allowed)
 
 
-def test_dp_sgd_under_secure_aggregation_spends_the_same_epsilon_with_the_same_noise(tmp_path):
+def test_dp_sgd_under_secure_aggregation_spends_the_same_epsilon_with_the_same_noise(
+    tmp_path, shared_dp_secret
+):
     dp = {"dp": "example", "dp_clip": 1.0, "dp_noise": 1.0}
     plain = simulate(tmp_path, "plain", **dp)
     secure = simulate(tmp_path, "secure", secure_aggregation=True, **dp)
@@ -94,7 +96,9 @@ def test_dp_sgd_under_secure_aggregation_spends_the_same_epsilon_with_the_same_n
     assert secure["rounds"]["global_auc"].notna().all()
 
 
-def test_update_level_dp_under_secure_aggregation_spends_the_same_site_level_epsilon(tmp_path):
+def test_update_level_dp_under_secure_aggregation_spends_the_same_site_level_epsilon(
+    tmp_path, shared_dp_secret
+):
     dp = {"dp": "update", "dp_clip": 1.0, "dp_noise": 0.1}
     plain = simulate(tmp_path, "plain", **dp)
     secure = simulate(tmp_path, "secure", secure_aggregation=True, **dp)
@@ -104,7 +108,7 @@ def test_update_level_dp_under_secure_aggregation_spends_the_same_site_level_eps
     assert secure["ledgers"] == plain["ledgers"]
     assert sorted(plain["ledgers"]) == sorted(plain["rows"]["site"].unique())
     for releases in plain["ledgers"].values():  # one Gaussian mechanism per round, q = 1
-        assert releases == [(0, "train", [[1.0, 0.1, 1]]), (1, "train", [[1.0, 0.1, 1]])]
+        assert releases == [(0, "train", [[1.0, 0.05, 1]]), (1, "train", [[1.0, 0.05, 1]])]
     columns = ["site", "round", "status", "dp_epsilon", "dp_delta"]
     pd.testing.assert_frame_equal(secure["rows"][columns], plain["rows"][columns])
     assert secure["card"] == plain["card"] and secure["card"]["mode"] == "update"
@@ -122,7 +126,7 @@ def site_data(name: str, rows: int = 40) -> SiteData:
 
 def dp_node(tmp_path: Path, name: str, planned: int) -> Node:
     """ε = 2 spent over ``planned`` steps, 2 per round."""
-    dp = ExampleDP(clip=1.0, delta=1e-5, target_epsilon=2.0, planned_steps=planned)
+    dp = ExampleDP(clip=1.0, delta=1e-5, target_epsilon=2.0, rounds=planned // 2, local_steps=2)
     return Node(
         site_data(name), build_backend("local_sgda", local_steps=2),
         build_model("tiny", norm="group").config(), "auc_margin", tmp_path / name,
