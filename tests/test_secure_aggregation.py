@@ -28,6 +28,7 @@ from fed_auc.secure_aggregation.encoding import (
 )
 from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
 from fed_auc.secure_aggregation.messages import CONFIG_KEY, SecureAggregationError, b64
+from fed_auc.secure_aggregation.rounds import SecureAggregation, SecurePhase
 from fed_auc.secure_aggregation.server import SecureServer
 
 
@@ -281,6 +282,9 @@ class FlatBackend:
     def secure_layout(self, phase="train"):
         return ReplyLayout(prefixes=("",), buffers=False)
 
+    def site_weight(self, num_examples):
+        return 1.0
+
 
 def masked_replies(sites, value, neighbours, threshold):
     """Each site's ``masked_reply`` of one tensor filled with ``value`` (weight 1), on
@@ -435,3 +439,16 @@ def test_a_survivor_graph_split_by_dropouts_is_never_unmasked(monkeypatch):
     with pytest.raises(SecureAggregationError, match=split):
         server.unmask(masked, {})
     assert used == []
+
+
+def test_a_sum_whose_total_weight_is_not_the_survivors_is_refused_not_decoded():
+    """The last word of the sum is Σ π_k over the survivors, all public: a sum unmasked with
+    a wrong seed (noise) fails that check and is refused by the coordinator."""
+    sites = SITES[:3]
+    total = masked_replies(sites, 0.25, neighbours=None, threshold=2)[3]
+    phase = SecurePhase(SecureAggregation(), FlatBackend(), None,
+                        {s: {"n": 10} for s in sites}, [], "run")  # fmt: skip
+    phase._check_weight(to_field(total), sites, "run:1:train")  # the honest sum passes
+    noisy = to_field(total) + crypto.mask(b"\x01" * 32, len(total))
+    with pytest.raises(SecureAggregationError, match="total weight .* is not the survivors' 3"):
+        phase._check_weight(noisy, sites, "run:1:train")
