@@ -9,6 +9,13 @@ arrived (or was rejected), its mask key, from which it recomputes and removes th
 pairwise masks from its surviving neighbours' vectors. An honest site never reveals both of
 one site's secrets (``SecureClient`` checks survivors and dropped are disjoint).
 
+It fails loudly rather than unmask something wrong or more than the sum: every unmasking
+share must match the SHA-256 commitment its owner published when it shared (a helper that
+sends one that does not is named and none of its shares used), a rebuilt seed must match its
+commitment and a rebuilt mask key its public key, and survivors that dropouts split on the
+graph are never unmasked (pairwise masks cancel within each group, so each group's sum
+would come out).
+
 ``SecureServer`` is a sequence of steps, so the transport carries its messages: the
 coordinator asks it for each step's requests, sends them with any transport, and hands it
 the answers (a failed site's answer is simply absent).
