@@ -7,18 +7,28 @@ same keys and masks on every run; the nodes use the operating system's generator
 
 from __future__ import annotations
 
+import base64
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from fed_auc.algorithms.base import Reply
+from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout
+from fed_auc.secure_aggregation import crypto
 from fed_auc.secure_aggregation.client import SecureClient
-from fed_auc.secure_aggregation.encoding import Entry, encode_reply, from_field, to_field
+from fed_auc.secure_aggregation.encoding import (
+    MASKED,
+    Entry,
+    encode_reply,
+    from_field,
+    to_field,
+)
 from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
-from fed_auc.secure_aggregation.messages import SecureAggregationError, b64
+from fed_auc.secure_aggregation.messages import CONFIG_KEY, SecureAggregationError, b64
+from fed_auc.secure_aggregation.rounds import SecureAggregation, SecurePhase
 from fed_auc.secure_aggregation.server import SecureServer
 
 
@@ -260,3 +270,185 @@ def test_the_server_cannot_make_a_site_share_with_a_non_neighbour():
     message["keys"][stranger] = keys[stranger]
     with pytest.raises(SecureAggregationError, match="not neighbours of this site"):
         nodes["s00"].handle("share", message)
+
+
+# -- failing loudly: the range for every site summed, verified shares, no split graph ---------
+class FlatBackend:
+    """The least a backend gives a masked reply: its tensors as they are, one prefix."""
+
+    def complete_reply(self, reply, broadcast):
+        return reply
+
+    def secure_layout(self, phase="train"):
+        return ReplyLayout(prefixes=("",), buffers=False)
+
+    def site_weight(self, num_examples):
+        return 1.0
+
+
+def masked_replies(sites, value, neighbours, threshold):
+    """Each site's ``masked_reply`` of one tensor filled with ``value`` (weight 1), on
+    SecAgg+'s graph: the masked vectors, or the error of each site that refused."""
+    nodes = clients(sites)
+    server = SecureServer("run:1:train", sites, threshold, neighbours, b"graph:0")
+    server.collect_keys({s: nodes[s].handle("advertise", m)
+                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server.collect_shares({s: nodes[s].handle("share", m)
+                           for s, m in server.share_requests().items()})  # fmt: skip
+    masked, refused = {}, {}
+    for site in sites:
+        config = {**server.mask_config(site), "weight": 1.0, "excluded": []}
+        broadcast = Broadcast(1, "train", {"w/x": torch.zeros(3)}, {CONFIG_KEY: config})
+        reply = Reply({"w/x": torch.full((3,), value, dtype=torch.float64)}, steps=1, site=site)
+        try:
+            sent = nodes[site].masked_reply(reply, broadcast, FlatBackend())
+        except ValueError as exc:
+            refused[site] = str(exc)
+            continue
+        masked[site] = sent.tensors[MASKED].numpy().view("uint64")
+    if len(masked) < threshold:
+        return server, masked, refused, None
+    answers = {s: nodes[s].handle("unmask", m)
+               for s, m in server.unmask_requests(list(masked)).items()}  # fmt: skip
+    return server, masked, refused, from_field(server.unmask(masked, answers))
+
+
+SIXTEEN = [f"s{i:02d}" for i in range(16)]
+
+
+def test_sixteen_sites_near_the_limit_on_a_k4_graph_refuse_by_name_never_a_wrong_sum():
+    """The range is for the 16 sites summed, not a neighbourhood of k + 1 = 5: 3e8 fits five
+    times in 2^31 but not sixteen (the old check let it through, and the sum wrapped around
+    to 5.05e8 instead of 4.8e9); every site refuses before masking, naming itself and the
+    limit 2^31 / 16. Just below that limit the sum is exact."""
+    _, masked, refused, total = masked_replies(SIXTEEN, 3e8, neighbours=4, threshold=3)
+    assert masked == {} and total is None
+    assert sorted(refused) == SIXTEEN
+    assert re.search(r"site 's07'.*'w/x' holds 3e\+08.*below 1\.34e\+08 \(2\^31 / 16 sites\)",
+                     refused["s07"])  # fmt: skip
+    limit = 2.0**31 / 16
+    _, masked, refused, total = masked_replies(SIXTEEN, limit * 0.999, neighbours=4, threshold=3)
+    assert refused == {} and len(masked) == 16
+    assert total[:3] == pytest.approx([16 * limit * 0.999] * 3, rel=1e-12)
+    assert total[3] == total[4] == 16.0  # the weights: per tensor and in all
+
+
+def sealed_session(sites, threshold, neighbours=None):
+    """A session up to the survivors' unmasking answers (every site masks and answers)."""
+    vectors = random_vectors(sites, length=8)
+    nodes = clients(sites)
+    server = SecureServer("run:1:train", sites, threshold, neighbours, b"graph:0")
+    server.collect_keys({s: nodes[s].handle("advertise", m)
+                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server.collect_shares({s: nodes[s].handle("share", m)
+                           for s, m in server.share_requests().items()})  # fmt: skip
+    masked = {s: nodes[s].mask(vectors[s], server.mask_config(s)) for s in sites}
+    answers = {s: nodes[s].handle("unmask", m)
+               for s, m in server.unmask_requests(sites).items()}  # fmt: skip
+    return vectors, server, masked, answers
+
+
+def flip_first_byte_of_chunk(text):
+    raw = bytearray(base64.b64decode(text))
+    raw[4] ^= 0x01  # the first byte after the share's index: a chunk of the secret
+    return b64(bytes(raw))
+
+
+def test_a_flipped_byte_in_one_seed_share_is_rejected_by_name_and_the_sum_stays_exact():
+    """Before, the flipped share was combined: the seed came out wrong and the "sum" was
+    noise, with no error. Now the share does not match the commitment its owner published:
+    the site that sent it is named, none of its shares is used, and the other helpers'
+    shares rebuild the exact sum; with too few left, the session fails naming it."""
+    vectors, server, masked, answers = sealed_session(SITES, threshold=3)
+    answers["a"]["b_shares"]["b"] = flip_first_byte_of_chunk(answers["a"]["b_shares"]["b"])
+    total = server.unmask(masked, answers)
+    assert np.array_equal(total, field_sum(vectors.values()))
+    assert len(server.problems) == 1
+    assert re.search(r"site 'a' sent a seed share of 'b' \(52 bytes\) that does not match the "
+                     r"commitment 'b' published: rejected", server.problems[0])  # fmt: skip
+    vectors, server, masked, answers = sealed_session(SITES[:3], threshold=3)
+    answers["a"]["b_shares"]["b"] = flip_first_byte_of_chunk(answers["a"]["b_shares"]["b"])
+    with pytest.raises(SecureAggregationError, match="2 of 3 surviving sites.*rejected: .*site "
+                       "'a' sent a seed share of 'b'"):  # fmt: skip
+        server.unmask(masked, answers)
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [b64(b"abc"), b64(b"\xff" * 52), b64(b"\x00" * 200), "not base64!", 7],
+    ids=["truncated", "garbage", "too long", "not base64", "not a string"],
+)
+def test_a_malformed_share_fails_the_session_with_a_named_secure_aggregation_error(malformed):
+    """Before, a share of the wrong length reached the Shamir library and ended the run with
+    its ValueError from deep inside (``max_workers must be greater than 0``)."""
+    _, server, masked, answers = sealed_session(SITES[:3], threshold=3)
+    answers["c"]["b_shares"]["a"] = malformed
+    with pytest.raises(SecureAggregationError, match="fewer than the threshold 3.*rejected: .*"
+                       "site 'c'.*seed share of 'a'"):  # fmt: skip
+        server.unmask(masked, answers)
+
+
+def test_a_relayed_share_that_is_not_the_committed_one_is_refused_by_its_holder():
+    """The holder checks each decrypted share against its owner's commitment before masking,
+    so a share that cannot be used later never enters a session silently."""
+    nodes = clients(SITES[:3])
+    server = SecureServer("s", SITES[:3], 2)
+    server.collect_keys({s: nodes[s].handle("advertise", m)
+                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server.collect_shares({s: nodes[s].handle("share", m)
+                           for s, m in server.share_requests().items()})  # fmt: skip
+    config = server.mask_config("a")
+    config["commitments"]["b"] = config["commitments"]["b"][::-1]
+    with pytest.raises(SecureAggregationError, match="the seed share from 'b' does not match"):
+        nodes["a"].mask(np.zeros(4, dtype=np.uint64), config)
+
+
+def ring_order(sites, seed=b"graph:0"):
+    order = list(sites)
+    random.Random(seed).shuffle(order)  # the layout ``neighbourhoods`` draws from the seed
+    return order
+
+
+def test_a_survivor_graph_split_by_dropouts_is_never_unmasked(monkeypatch):
+    """On a k = 4 ring, two pairs of adjacent sites lost on opposite sides leave two arcs of
+    survivors with no pairwise mask between them: unmasking would give the server each arc's
+    sum. The server refuses before it asks for a share, and never combines a secret or
+    removes a mask; one pair lost leaves one arc, which is recovered exactly."""
+    order = ring_order(MANY)
+    vectors = random_vectors(MANY)
+    server, _, total = run_session(vectors, threshold=3, neighbours=4,
+                                   lost_before_mask={order[0], order[1]})  # fmt: skip
+    assert sorted(server.neighbours[order[2]]) == sorted([order[0], order[1], order[3], order[4]])
+    assert np.array_equal(total, field_sum(v for s, v in vectors.items()
+                                           if s not in {order[0], order[1]}))  # fmt: skip
+    used = []
+    monkeypatch.setattr(crypto, "combine_secret", lambda shares: used.append("combine"))
+    monkeypatch.setattr(crypto, "mask", lambda seed, n: used.append("mask") or np.zeros(n, "u8"))
+    lost = {order[0], order[1], order[6], order[7]}
+    split = r"split the 8 surviving sites into 2 groups.*refusing to unmask"
+    with pytest.raises(SecureAggregationError, match=split):
+        run_session(vectors, threshold=3, neighbours=4, lost_before_mask=lost)
+    nodes = clients(MANY)  # and the server's unmask itself refuses such survivors
+    server = SecureServer("run:1:train", MANY, 3, 4, b"graph:0")
+    server.collect_keys({s: nodes[s].handle("advertise", m)
+                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server.collect_shares({s: nodes[s].handle("share", m)
+                           for s, m in server.share_requests().items()})  # fmt: skip
+    masked = {s: vectors[s] for s in MANY if s not in lost}  # what it would hold
+    used.clear()
+    with pytest.raises(SecureAggregationError, match=split):
+        server.unmask(masked, {})
+    assert used == []
+
+
+def test_a_sum_whose_total_weight_is_not_the_survivors_is_refused_not_decoded():
+    """The last word of the sum is Σ π_k over the survivors, all public: a sum unmasked with
+    a wrong seed (noise) fails that check and is refused by the coordinator."""
+    sites = SITES[:3]
+    total = masked_replies(sites, 0.25, neighbours=None, threshold=2)[3]
+    phase = SecurePhase(SecureAggregation(), FlatBackend(), None,
+                        {s: {"n": 10} for s in sites}, [], "run")  # fmt: skip
+    phase._check_weight(to_field(total), sites, "run:1:train")  # the honest sum passes
+    noisy = to_field(total) + crypto.mask(b"\x01" * 32, len(total))
+    with pytest.raises(SecureAggregationError, match="total weight .* is not the survivors' 3"):
+        phase._check_weight(noisy, sites, "run:1:train")

@@ -3,6 +3,7 @@ as plain aggregation, dropouts survived, too few sites fail cleanly, refusals by
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -213,3 +214,53 @@ def test_the_cli_flag_turns_it_on_and_the_dashboard_says_why_drift_is_missing(
         assert run["config"]["secure_aggregation"] is True
     page = open_page(monkeypatch, tmp_path, "heterogeneity", run["id"])
     assert "unavailable for this run: under secure aggregation" in texts(page)
+
+
+def _corrupting(monkeypatch, site, damage):
+    """``site`` answers unmask with its first seed share damaged by ``damage``."""
+    original = Node.secure_step
+
+    def corrupted(self, step, message):
+        answer = original(self, step, message)
+        if step == "unmask" and self.name == site:
+            owner = sorted(answer["b_shares"])[0]
+            answer["b_shares"][owner] = damage(answer["b_shares"][owner])
+        return answer
+
+    monkeypatch.setattr(Node, "secure_step", corrupted)
+
+
+def test_a_corrupted_unmasking_share_is_rejected_by_name_and_the_sum_stays_exact(
+    tmp_path, monkeypatch
+):
+    """A flipped byte: the share fails its owner's commitment, so the sender's shares are
+    left out (an event names it) and the others' rebuild the plain run's sum."""
+    sender = DEFAULT_PROFILES[0].name
+
+    def flip(text):
+        raw = bytearray(base64.b64decode(text))
+        raw[4] ^= 1
+        return base64.b64encode(bytes(raw)).decode()
+
+    _corrupting(monkeypatch, sender, flip)
+    plain, _, _ = simulate(tmp_path, "plain", rounds=1)
+    secure, rows, events = simulate(tmp_path, "secure", rounds=1, secure_aggregation=True)
+    assert_same_model(secure, plain)
+    assert (rows[rows["round"] == 1]["status"] == "completed").all()
+    named = events["message"].str.contains(f"site '{sender}' sent a seed share of")
+    assert named.sum() == 1
+
+
+def test_a_malformed_unmasking_share_fails_the_round_cleanly(tmp_path, monkeypatch):
+    """Below the threshold once it is rejected: a failed round naming the sender (no
+    library traceback), the rounds already recorded kept."""
+    sender = DEFAULT_PROFILES[0].name
+    _corrupting(monkeypatch, sender, lambda text: base64.b64encode(b"abc").decode())
+    with pytest.raises(FederationError, match=f"round 1.*rejected: .*site '{sender}' sent a "
+                       "seed share of .* \\(3 bytes\\)"):  # fmt: skip
+        simulate(tmp_path, "secure", secure_aggregation=True, secure_aggregation_threshold=3)
+    with RunStore(tmp_path / "secure") as store:
+        run = store.runs().iloc[0]
+        assert run["status"] == "failed"
+        assert store.rounds(run["id"])["round"].tolist() == [0]  # the warm-up, kept
+        assert store.events(run["id"])["message"].str.contains(f"site '{sender}' sent").any()

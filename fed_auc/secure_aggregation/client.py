@@ -131,8 +131,13 @@ class SecureClient:
             crypto.private_bytes(session.mask_key), session.threshold, count
         )
         out = {}
+        commitments = {}
         for index, site in enumerate(order):
             pair = (seed_shares[index], key_shares[index])
+            commitments[site] = [
+                b64(crypto.share_commitment(session.name, self.site, site, kind, share))
+                for kind, share in zip(("seed", "key"), pair, strict=True)
+            ]
             if site == self.site:
                 session.own_shares = pair
                 continue
@@ -143,7 +148,11 @@ class SecureClient:
             )
             out[site] = b64(sealed)
         session.stage = "shared"
-        return {"shares": out}
+        return {
+            "shares": out,
+            "commitments": commitments,
+            "seed_commitment": b64(crypto.seed_commitment(session.name, self.site, session.seed)),
+        }
 
     def masked_reply(self, reply: Reply, broadcast: Broadcast, backend: Backend) -> Reply:
         """The reply as it leaves under secure aggregation: its counts and metrics, and one
@@ -153,10 +162,12 @@ class SecureClient:
         where = f"site {self.site!r}, mask"
         weight = require(config, "weight", float, where)
         excluded = require(config, "excluded", list, where)
-        shares = require(config, "shares", dict, where)
+        session = self._current(config, "shared", "mask")
         completed = backend.complete_reply(reply, broadcast)
         layout = vector_layout(backend, broadcast, excluded)
-        words = encode_reply(completed, layout, weight, participants=len(shares) + 1)
+        # The server sums up to every sampled site of the session, not only this site's
+        # neighbourhood: a value must fit that many times, or the sum wraps around.
+        words = encode_reply(completed, layout, weight, participants=len(session.participants))
         masked = self.mask(words, config)
         vector = torch.from_numpy(masked.view(np.int64))
         return dataclasses.replace(reply, tensors={MASKED: vector})
@@ -176,6 +187,7 @@ class SecureClient:
                 f"{where}: {len(group)} sites shared keys, fewer than the threshold "
                 f"{session.threshold}"
             )
+        commitments = require(config, "commitments", dict, where)
         for site, sealed in shares.items():
             key = crypto.shared_key(session.share_key, session.keys[site][0], crypto.SHARE_INFO)
             try:
@@ -183,11 +195,22 @@ class SecureClient:
                     key, unb64(sealed, f"{where}: share of {site}"),
                     associated(session.name, site, self.site),
                 )  # fmt: skip
-            except InvalidTag:
+            except (InvalidTag, ValueError):  # altered, or too short to hold a nonce and tag
                 raise SecureAggregationError(
                     f"{where}: the share from {site!r} fails authentication"
                 ) from None
-            session.received[site] = unpack_shares(plain)
+            received = unpack_shares(plain)
+            published = require(commitments, site, list, where)
+            if len(published) != 2:
+                raise SecureAggregationError(f"{where}: commitments of {site!r} are malformed")
+            for kind, share, digest in zip(("seed", "key"), received, published, strict=True):
+                expected = crypto.share_commitment(session.name, site, self.site, kind, share)
+                if len(share) != crypto.SHARE_BYTES or unb64(digest, where) != expected:
+                    raise SecureAggregationError(
+                        f"{where}: the {kind} share from {site!r} does not match the commitment "
+                        f"{site!r} published"
+                    )
+            session.received[site] = received
         masked = words + crypto.mask(session.seed, len(words))
         position = group.index(self.site)
         for index, site in enumerate(group):

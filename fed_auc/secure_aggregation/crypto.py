@@ -7,6 +7,12 @@
   the server can neither read, alter nor replay a share into another session or pair.
 - Threshold secret sharing: Shamir t-of-n from Flower (``flwr.common.secure_aggregation``,
   over pycryptodome's ``Shamir`` in GF(2^128), 16-byte chunks).
+- Commitments: SHA-256 (``cryptography``) of each Shamir share, bound to its session, owner,
+  holder and kind, and of each self-mask seed: the owner publishes them when it shares, so the
+  server rejects, by name, a share that does not match (a flipped byte, a garbled or truncated
+  share) before it combines anything, and checks a rebuilt seed. They hide nothing weaker than
+  the shares: every share carries at least 128 unknown bits to anyone holding fewer than the
+  threshold of its siblings, and the seed 256.
 - Masks: the ChaCha20 keystream (``cryptography``) of a 32-byte seed, read as uint64 words:
   uniform over Z_{2^64}. Flower's ``pseudo_rand_gen`` is not used: it folds the seed into 32
   bits for NumPy's Mersenne Twister (2^32 seeds to try; predictable) and its
@@ -28,6 +34,11 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 MASK_INFO = b"fed-auc secure aggregation: pairwise mask"
 SHARE_INFO = b"fed-auc secure aggregation: share encryption"
+COMMIT_INFO = b"fed-auc secure aggregation: commitment"
+DIGEST_BYTES = 32
+# A Shamir share of a KEY_BYTES secret: a 4-byte index, then 16 bytes per chunk of the secret
+# padded to whole 16-byte chunks (PKCS#7 adds a full chunk to a whole number of them).
+SHARE_BYTES = 4 + 16 * (KEY_BYTES // 16 + 1)
 
 
 def private_key(secret: bytes) -> X25519PrivateKey:
@@ -76,6 +87,25 @@ def combine_secret(shares: list[bytes]) -> bytes:
     from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
     return combine_shares(shares)
+
+
+def commitment(*parts: bytes | str) -> bytes:
+    """SHA-256 of ``parts`` (each length-prefixed, so no two lists of parts collide)."""
+    digest = hashes.Hash(hashes.SHA256())
+    for part in (COMMIT_INFO, *parts):
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.finalize()
+
+
+def share_commitment(session: str, owner: str, holder: str, kind: str, share: bytes) -> bytes:
+    """What ``owner`` publishes for its ``kind`` ("seed" or "key") share held by ``holder``."""
+    return commitment(session, owner, holder, kind, share)
+
+
+def seed_commitment(session: str, owner: str, seed: bytes) -> bytes:
+    """What ``owner`` publishes for its self-mask seed: a rebuilt seed must match it."""
+    return commitment(session, owner, "self-mask seed", seed)
 
 
 def mask(seed: bytes, length: int) -> np.ndarray:

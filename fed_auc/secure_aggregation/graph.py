@@ -52,3 +52,24 @@ def neighbourhoods(participants: Sequence[str], k: int, seed: bytes) -> dict[str
         for i, site in enumerate(order)
     }
     return {site: [s for s in participants if s in near[site]] for site in participants}
+
+
+def components(sites: Sequence[str], graph: dict[str, list[str]]) -> list[list[str]]:
+    """The connected groups of ``sites`` on ``graph`` restricted to them (each in ``sites``'
+    order, the groups in the order of their first site). Unmasking the sum of survivors that
+    fall into several groups reveals each group's sum: their pairwise masks cancel within a
+    group and none join two groups."""
+    inside = set(sites)
+    seen: set[str] = set()
+    groups = []
+    for start in sites:
+        if start in seen:
+            continue
+        seen.add(start)
+        reached, frontier = {start}, [start]
+        while frontier:
+            frontier = [o for s in frontier for o in graph[s] if o in inside and o not in seen]
+            seen.update(frontier)
+            reached.update(frontier)
+        groups.append([s for s in sites if s in reached])
+    return groups

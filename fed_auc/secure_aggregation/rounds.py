@@ -18,11 +18,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fed_auc.algorithms.base import Backend, Broadcast, Reply, ServerState
 from fed_auc.secure_aggregation.encoding import (
     MASKED,
     SecureSum,
+    from_field,
     site_weights_for,
+    to_field,
     vector_layout,
     vector_length,
 )
@@ -194,9 +198,25 @@ class SecurePhase:
         survivors = [reply.site for reply in valid]
         answers = self._step("unmask", server.unmask_requests(survivors), rows, record, phase)
         vectors = {r.site: r.tensors[MASKED].numpy().view("uint64") for r in valid}
-        words = server.unmask(vectors, answers)
+        try:
+            words = server.unmask(vectors, answers)
+        finally:
+            self._events(server.problems, record, phase)
+        self._check_weight(words, survivors, server.session)
         total = SecureSum.decode(words, layout, self.unit, survivors)
         return self.backend.aggregate_secure(state, total, phase), valid
+
+    def _check_weight(self, words: Any, survivors: Sequence[str], session: str) -> None:
+        """The sum's last word is Σ π_k over the survivors, all public: exactly that in
+        Z_{2^64}, or something (a share, a vector, a wrap-around) corrupted the sum, which is
+        then refused rather than decoded into noise."""
+        expected = to_field(np.asarray([self.weights[s] for s in survivors])).sum(dtype=np.uint64)
+        if words[-1] != expected:
+            raise SecureAggregationError(
+                f"secure aggregation of session {session}: the unmasked total weight "
+                f"{from_field(words[-1:])[0]:.6g} is not the survivors' "
+                f"{from_field(np.asarray([expected]))[0]:.6g}: the sum is corrupted; refusing it"
+            )
 
     def _step(
         self,

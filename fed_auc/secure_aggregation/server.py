@@ -9,6 +9,13 @@ arrived (or was rejected), its mask key, from which it recomputes and removes th
 pairwise masks from its surviving neighbours' vectors. An honest site never reveals both of
 one site's secrets (``SecureClient`` checks survivors and dropped are disjoint).
 
+It fails loudly rather than unmask something wrong or more than the sum: every unmasking
+share must match the SHA-256 commitment its owner published when it shared (a helper that
+sends one that does not is named and none of its shares used), a rebuilt seed must match its
+commitment and a rebuilt mask key its public key, and survivors that dropouts split on the
+graph are never unmasked (pairwise masks cancel within each group, so each group's sum
+would come out).
+
 ``SecureServer`` is a sequence of steps, so the transport carries its messages: the
 coordinator asks it for each step's requests, sends them with any transport, and hands it
 the answers (a failed site's answer is simply absent).
@@ -23,13 +30,16 @@ from typing import Any
 import numpy as np
 
 from fed_auc.secure_aggregation import crypto
-from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
+from fed_auc.secure_aggregation.graph import components, neighbour_count, neighbourhoods
 from fed_auc.secure_aggregation.messages import (
     SecureAggregationError,
     b64,
     require,
     unb64,
 )
+
+# An encrypted pair of shares: nonce, the shares' lengths and bytes, the GCM tag.
+_SEALED_BYTES = crypto.NONCE_BYTES + 4 + 2 * crypto.SHARE_BYTES + 16
 
 
 def default_threshold(count: int) -> int:
@@ -68,6 +78,10 @@ class SecureServer:
         self.keys: dict[str, tuple[bytes, bytes]] = {}  # U1: (c_pk, s_pk)
         self.mailbox: dict[str, dict[str, str]] = {}  # destination → source → ciphertext
         self.sharers: list[str] = []  # U2
+        # owner → holder → (seed, key) share commitments; owner → its seed's commitment
+        self.commitments: dict[str, dict[str, tuple[bytes, bytes]]] = {}
+        self.seed_commitments: dict[str, bytes] = {}
+        self.problems: list[str] = []  # the unmasking shares rejected, by name (events)
 
     # -- step 1 -----------------------------------------------------------------------------
     def advertise_requests(self) -> dict[str, dict[str, Any]]:
@@ -119,6 +133,24 @@ class SecureServer:
                     raise SecureAggregationError(
                         f"{where}: shares for {sorted(shares)}, expected {sorted(expected)}"
                     )
+                for destination, sealed in shares.items():
+                    if len(unb64(sealed, f"{where}: share for {destination}")) != _SEALED_BYTES:
+                        raise SecureAggregationError(
+                            f"{where}: the share for {destination!r} is not the length of one"
+                        )
+                commitments = require(answers[site], "commitments", dict, where)
+                if set(commitments) != expected | {site}:
+                    raise SecureAggregationError(
+                        f"{where}: commitments for {sorted(commitments)}, expected "
+                        f"{sorted(expected | {site})}"
+                    )
+                self.commitments[site] = {
+                    holder: self._digests(commitments[holder], 2, f"{where}: commitments")
+                    for holder in commitments
+                }
+                self.seed_commitments[site] = self._digests(
+                    [require(answers[site], "seed_commitment", str, where)], 1, where
+                )[0]
             except SecureAggregationError as exc:
                 problems.append(str(exc))
                 continue
@@ -132,7 +164,8 @@ class SecureServer:
     def mask_config(self, site: str) -> dict[str, Any]:
         """The train request's ``secure_aggregation`` entry for ``site`` (one of U2)."""
         shares = {s: c for s, c in self.mailbox.get(site, {}).items() if s in self.sharers}
-        return {"session": self.session, "shares": shares}
+        commitments = {s: [b64(d) for d in self.commitments[s][site]] for s in shares}
+        return {"session": self.session, "shares": shares, "commitments": commitments}
 
     # -- step 4 -----------------------------------------------------------------------------
     def unmask_requests(self, survivors: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -140,6 +173,7 @@ class SecureServer:
         seeds and dropped sites' mask keys."""
         survivors = [s for s in self.sharers if s in survivors]
         self._enough(survivors, "sent a valid masked vector")
+        self._connected(survivors)
         out = {}
         for site in survivors:
             group = self._group(site, self.sharers)
@@ -155,6 +189,7 @@ class SecureServer:
         ``answers`` to ``unmask_requests``; at least ``threshold`` answers are needed."""
         survivors = [s for s in self.sharers if s in masked]
         dropped = [s for s in self.sharers if s not in masked]
+        self._connected(survivors)  # before a single share is combined
         seed_shares: dict[str, list[bytes]] = {s: [] for s in survivors}
         key_shares: dict[str, list[bytes]] = {s: [] for s in dropped}
         helpers = []
@@ -170,21 +205,23 @@ class SecureServer:
                 keys = require(answers[site], "sk_shares", dict, where)
                 if set(seeds) != set(mine) or set(keys) != set(gone):
                     raise SecureAggregationError(f"{where}: shares for the wrong sites")
-                parsed = [unb64(seeds[owner], f"{where}: b share") for owner in mine]
-                parsed_keys = [unb64(keys[owner], f"{where}: sk share") for owner in gone]
-            except SecureAggregationError:
-                continue  # a malformed helper counts as absent
+                parsed = [self._verified(site, o, "seed", seeds[o], where) for o in mine]
+                parsed_keys = [self._verified(site, o, "key", keys[o], where) for o in gone]
+            except SecureAggregationError as exc:  # none of its shares is used
+                self.problems.append(f"{exc}: rejected, none of {site!r}'s shares is used")
+                continue
             for owner, share in zip(mine, parsed, strict=True):
                 seed_shares[owner].append(share)
             for owner, share in zip(gone, parsed_keys, strict=True):
                 key_shares[owner].append(share)
             helpers.append(site)
+        rejected = f" (rejected: {'; '.join(self.problems)})" if self.problems else ""
         if len(helpers) < self.threshold:
             raise SecureAggregationError(
                 f"secure aggregation of session {self.session}: {len(helpers)} of "
                 f"{len(survivors)} surviving sites sent their unmasking shares "
                 f"({helpers}), fewer than the threshold {self.threshold}: the sum cannot be "
-                "unmasked"
+                f"unmasked{rejected}"
             )
         for owner, shares in [*key_shares.items(), *seed_shares.items()]:
             if len(shares) < self.threshold:
@@ -192,16 +229,21 @@ class SecureServer:
                 raise SecureAggregationError(
                     f"secure aggregation of session {self.session}: only {len(shares)} of "
                     f"{what} {owner!r}'s neighbourhood sent its shares, fewer than the "
-                    f"threshold {self.threshold}: the sum cannot be unmasked"
+                    f"threshold {self.threshold}: the sum cannot be unmasked{rejected}"
                 )
         length = len(next(iter(masked.values())))
         total = np.zeros(length, dtype=np.uint64)
         for site in survivors:
             total += masked[site]
-            seed = crypto.combine_secret(seed_shares[site][: self.threshold])
+            seed = self._combine(seed_shares[site], site, "self-mask seed")
+            if crypto.seed_commitment(self.session, site, seed) != self.seed_commitments[site]:
+                raise SecureAggregationError(
+                    f"secure aggregation of session {self.session}: the shares of survivor "
+                    f"{site!r}'s self-mask seed do not rebuild the seed it committed to"
+                )
             total -= crypto.mask(seed, length)
         for site in dropped:
-            secret = crypto.combine_secret(key_shares[site][: self.threshold])
+            secret = self._combine(key_shares[site], site, "mask key")
             key = crypto.private_key(secret)
             if crypto.public_bytes(key) != self.keys[site][1]:
                 raise SecureAggregationError(
@@ -220,6 +262,59 @@ class SecureServer:
                 else:
                     total += pairwise
         return total
+
+    def _verified(self, holder: str, owner: str, kind: str, text: Any, where: str) -> bytes:
+        """``holder``'s ``kind`` share of ``owner``'s secret, if it is the one ``owner``
+        committed to; ``SecureAggregationError`` naming both otherwise."""
+        share = unb64(text, f"{where}: {kind} share of {owner!r}")
+        digest = crypto.share_commitment(self.session, owner, holder, kind, share)
+        committed = self.commitments[owner][holder][0 if kind == "seed" else 1]
+        if len(share) != crypto.SHARE_BYTES or digest != committed:
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: site {holder!r} sent a {kind} "
+                f"share of {owner!r} ({len(share)} bytes) that does not match the commitment "
+                f"{owner!r} published"
+            )
+        return share
+
+    def _combine(self, shares: list[bytes], owner: str, what: str) -> bytes:
+        """The secret of ``threshold`` shares, or ``SecureAggregationError`` naming ``owner``
+        (never a library's error from deep inside)."""
+        try:
+            secret = crypto.combine_secret(shares[: self.threshold])
+        except (ValueError, IndexError, TypeError) as exc:
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: the shares of {owner!r}'s "
+                f"{what} do not combine ({exc})"
+            ) from None
+        if len(secret) != crypto.KEY_BYTES:
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: the shares of {owner!r}'s "
+                f"{what} combine to {len(secret)} bytes, not {crypto.KEY_BYTES}"
+            )
+        return secret
+
+    def _connected(self, survivors: Sequence[str]) -> None:
+        """Refuse to unmask survivors that dropouts split on the graph: their pairwise masks
+        cancel within each group, so unmasking would reveal each group's sum."""
+        groups = components(survivors, self.neighbours)
+        if len(groups) > 1:
+            dropped = [s for s in self.sharers if s not in survivors]
+            raise SecureAggregationError(
+                f"secure aggregation of session {self.session}: the dropped sites {dropped} "
+                f"split the {len(survivors)} surviving sites into {len(groups)} groups on the "
+                f"session's graph ({groups}); unmasking would reveal each group's sum, not only "
+                "the total: refusing to unmask"
+            )
+
+    @staticmethod
+    def _digests(texts: Any, count: int, where: str) -> tuple[bytes, ...]:
+        if not isinstance(texts, list) or len(texts) != count:
+            raise SecureAggregationError(f"{where}: expected {count} commitments")
+        digests = tuple(unb64(t, where) for t in texts)
+        if any(len(d) != crypto.DIGEST_BYTES for d in digests):
+            raise SecureAggregationError(f"{where}: a commitment is not a SHA-256 digest")
+        return digests
 
     def _group(self, site: str, among: Sequence[str] | None = None) -> list[str]:
         """``site`` and its neighbours, of those still in the session (``among``: default,
