@@ -208,3 +208,11 @@ def test_truncated_image_names_the_csv_line_and_the_file(tmp_path, name):
     (tmp_path / "d.csv").write_text(f"path,label\nok.png,1\n{name},0\n")
     with pytest.raises(ValueError, match=rf"d\.csv line 3: cannot read image .*{name}"):
         load_csv_images(tmp_path / "d.csv", image_size=8)
+
+
+def test_a_dicom_window_of_width_0_names_the_file_and_the_field(tmp_path):
+    write_dicom(tmp_path / "w0.dcm", np.arange(64).reshape(8, 8), window=(100.0, 0.0))
+    write_png(tmp_path / "ok.png", 100, seed=0)
+    (tmp_path / "d.csv").write_text("path,label\nok.png,1\nw0.dcm,0\n")
+    with pytest.raises(ValueError, match=r"d\.csv line 3: cannot read image .*w0\.dcm: Window"):
+        load_csv_images(tmp_path / "d.csv", image_size=8)
