@@ -216,3 +216,26 @@ def test_a_dicom_window_of_width_0_names_the_file_and_the_field(tmp_path):
     (tmp_path / "d.csv").write_text("path,label\nok.png,1\nw0.dcm,0\n")
     with pytest.raises(ValueError, match=r"d\.csv line 3: cannot read image .*w0\.dcm: Window"):
         load_csv_images(tmp_path / "d.csv", image_size=8)
+
+
+def test_aspect_in_a_site_file_and_the_experiment_is_checked_and_used(tmp_path):
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.site import SiteDefinition
+
+    site = _suspect_site(tmp_path)
+    rows = (tmp_path / "d.csv").read_text().splitlines()[:-2]
+    Image.fromarray(np.full((8, 16), 200, np.uint8)).save(tmp_path / "wide.png")
+    rows.append("wide.png,1,train")
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    site.write_text('name = "s"\n[data]\nspec = "csv:d.csv"\naspect = "crop"\n')
+    data = SiteDefinition.from_toml(site).load(8)
+    images = data_card(data)["images"]
+    assert images["policy"]["aspect"] == "crop" and images["counts"]["non-square"] == 1
+    wide = data.train.images[(data.train.images - 200 / 255).abs().amax(dim=(1, 2, 3)) < 1e-3]
+    assert len(wide) == 1  # the wide image, cropped: all 200, no black band
+    site.write_text('name = "s"\n[data]\nspec = "csv:d.csv"\naspect = "squash"\n')
+    with pytest.raises(ValueError, match=r"s\.toml: \[data\] aspect = 'squash'"):
+        SiteDefinition.from_toml(site)
+    assert ExperimentConfig(aspect="crop").aspect == "crop"
+    with pytest.raises(ValueError, match="aspect must be one of"):
+        ExperimentConfig(aspect="squash")
