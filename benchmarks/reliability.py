@@ -306,11 +306,24 @@ def bad_data_files(workdir: Path, expect: Callable) -> None:
     (data / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     (data / "text.jpg").write_text("a note, not a JPEG")
     (data / "empty.dcm").write_bytes(b"")
+    deep = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)  # 16-bit, as hospitals export
+    for suffix in ("png", "tif"):
+        Image.fromarray(deep).save(data / f"deep.{suffix}")
+        raw = (data / f"deep.{suffix}").read_bytes()
+        (data / f"cut16.{suffix}").write_bytes(raw[: len(raw) // 2])
+    _dicom(data / "deep.dcm", deep)
+    raw = (data / "deep.dcm").read_bytes()
+    (data / "cut.dcm").write_bytes(raw[: len(raw) // 2])
+    _dicom(data / "window0.dcm", deep, WindowCenter=100, WindowWidth=0)
     csv_cases = {
         "missing image": ("path,label\nok0.png,1\ngone.png,0\n", "gone.png"),
         "corrupt image": ("path,label\nok0.png,1\ncorrupt.png,0\n", "corrupt.png"),
         "not an image": ("path,label\nok0.png,1\ntext.jpg,0\n", "text.jpg"),
         "empty DICOM": ("path,label\nok0.png,1\nempty.dcm,0\n", "empty.dcm"),
+        "truncated 16-bit PNG image": ("path,label\nok0.png,1\ncut16.png,0\n", "cut16.png"),
+        "truncated 16-bit TIFF image": ("path,label\nok0.png,1\ncut16.tif,0\n", "cut16.tif"),
+        "truncated DICOM": ("path,label\nok0.png,1\ncut.dcm,0\n", "cut.dcm"),
+        "DICOM window width 0": ("path,label\nok0.png,1\nwindow0.dcm,0\n", "WindowWidth"),
         "label 2": ("path,label\nok0.png,1\nok1.png,2\n", "'2'"),
         "label 'yes'": ("path,label\nok0.png,yes\nok1.png,0\n", "'yes'"),
         "no label column": ("path,finding\nok0.png,1\n", "label"),
@@ -349,6 +362,26 @@ def bad_data_files(workdir: Path, expect: Callable) -> None:
     labels = data / "labels.npz"
     np.savez(labels, **{**good, "val_labels": np.array([[0], [7], [0], [1]])})
     expect("npz", lambda: load_medmnist(labels), (ValueError,), "labels.npz", "7")
+
+
+def _dicom(path: Path, pixels: np.ndarray, **tags: object) -> None:
+    """A minimal 16-bit grayscale DICOM file with extra `tags`."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = SecondaryCaptureImageStorage
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.Rows, ds.Columns = pixels.shape
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated = ds.BitsStored = 16
+    ds.HighBit, ds.PixelRepresentation = 15, 0
+    ds.PixelData = pixels.astype(np.uint16).tobytes()
+    for name, value in tags.items():
+        setattr(ds, name, value)
+    ds.save_as(path, enforce_file_format=True)
 
 
 # -- privacy cost ---------------------------------------------------------------------------------

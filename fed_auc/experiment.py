@@ -46,6 +46,7 @@ PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
     "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
+    "aspect",
 )  # fmt: skip
 
 
@@ -110,6 +111,7 @@ class ExperimentConfig:
     # The label value of a file source that is the positive class (None: the file's 1), e.g.
     # 0 for BreastMNIST, whose 1 is normal/benign and 0 malignant (fed_auc.data.labels).
     positive_label: int | None = None
+    aspect: str = "pad"  # non-square image files: pad / crop / stretch (fed_auc.data.images)
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
     # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
@@ -241,6 +243,7 @@ class ExperimentConfig:
         if self.partition is not None:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
+        _choice("aspect", self.aspect, ["pad", "crop", "stretch"])
         validate_positive_label(self.positive_label)
         if synthetic and self.positive_label is not None:
             raise ValueError(

@@ -16,6 +16,7 @@ frontal_only = false
 skip_bad_images = false
 split_seed = 0                  # seeds the patient-disjoint split when there is no split column
 positive_label = 0              # optional: the file's label value that is positive (default 1)
+aspect = "pad"                  # non-square images: pad (default), crop or stretch
 
 [node]
 state_dir = "nodes/north"       # local state per run; relative to this file
@@ -40,6 +41,7 @@ from typing import Any
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
+from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
@@ -48,6 +50,7 @@ from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
+    "aspect",
 )  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta",
@@ -254,6 +257,7 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
             f"{list(UNCERTAIN_POLICIES)}"
         )
     try:
+        validate_aspect(table.get("aspect", "pad"), "[data] aspect")
         validate_positive_label(table.get("positive_label"), "[data] positive_label")
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None

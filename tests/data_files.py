@@ -68,8 +68,22 @@ def write_chexpert(
     return path
 
 
-def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2") -> None:
-    """A minimal 16-bit grayscale DICOM file."""
+def write_png16(path: Path, pixels: np.ndarray) -> None:
+    """A 16-bit grayscale PNG (Pillow mode I;16), as hospital exports write them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.asarray(pixels, dtype=np.uint16)).save(path)
+
+
+def write_dicom(
+    path: Path,
+    pixels: np.ndarray,
+    photometric: str = "MONOCHROME2",
+    slope: float | None = None,
+    intercept: float | None = None,
+    window: tuple[float, float] | None = None,
+) -> None:
+    """A minimal 16-bit grayscale DICOM file; optional rescale slope/intercept and VOI window
+    (center, width)."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
 
@@ -88,5 +102,10 @@ def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2"
     ds.HighBit = 15
     ds.PixelRepresentation = 0
     ds.PixelData = pixels.astype(np.uint16).tobytes()
+    if slope is not None or intercept is not None:
+        ds.RescaleSlope = slope if slope is not None else 1
+        ds.RescaleIntercept = intercept if intercept is not None else 0
+    if window is not None:
+        ds.WindowCenter, ds.WindowWidth = window
     path.parent.mkdir(parents=True, exist_ok=True)
     ds.save_as(path, enforce_file_format=True)

@@ -359,6 +359,7 @@ SIMULATED_LINES = {
     "site_local_steps": "site_local_steps = [2, 3]",
     "site_files": "site_files = ['a.toml']",
     "positive_label": "positive_label = 0",
+    "aspect": "aspect = 'crop'",
 }
 
 

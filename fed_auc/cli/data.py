@@ -4,6 +4,7 @@ data-card``: read a data set, split it into sites, write one card per site."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -27,6 +28,12 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
     p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
     p.add_argument(
+        "--aspect",
+        choices=("pad", "crop", "stretch"),
+        help="non-square image files become square by: pad (default; black borders), crop "
+        "(centred square) or stretch",
+    )
+    p.add_argument(
         "--skip-bad-images",
         action="store_true",
         default=None,
@@ -41,6 +48,11 @@ def add_data_card_parser(sub: argparse._SubParsersAction) -> None:
     card.add_argument("--image-size", type=int, default=28)
     card.add_argument("--seed", type=int, default=0)
     card.add_argument("--out", default="data_cards", help="output folder (data_cards)")
+    card.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit non-zero when a card warns (constant or saturated images); cards are written",
+    )
 
 
 def data_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,6 +63,7 @@ def data_options(args: argparse.Namespace) -> dict[str, Any]:
         "frontal_only": bool(args.frontal_only),
         "skip_bad_images": bool(args.skip_bad_images),
         "positive_label": args.positive_label,
+        "aspect": args.aspect or "pad",
     }
 
 
@@ -65,7 +78,7 @@ def num_sites(args: argparse.Namespace, default: int) -> int | None:
 
 
 def write_data_cards(args: argparse.Namespace) -> int:
-    from fed_auc.data.cards import write_cards
+    from fed_auc.data.cards import card_warnings, write_cards
     from fed_auc.data.spec import load_sites
 
     try:
@@ -81,4 +94,12 @@ def write_data_cards(args: argparse.Namespace) -> int:
         raise SystemExit(f"fed-auc data-card: {exc}") from None
     for path in write_cards(sites, args.out):
         print(path)
+    warned = [(site.name, line) for site in sites for line in card_warnings(site)]
+    for name, line in warned:
+        print(f"fed-auc data-card: warning: site {name}: {line}", file=sys.stderr)
+    if warned and args.strict:
+        raise SystemExit(
+            f"fed-auc data-card --strict: {len(warned)} warning(s) in the cards written to "
+            f"{args.out}: " + "; ".join(f"site {n}: {w}" for n, w in warned)
+        )
     return 0

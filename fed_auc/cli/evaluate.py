@@ -103,6 +103,7 @@ def evaluate_site_files(args: argparse.Namespace) -> None:
         print(line)
     print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
     print(f"evaluation run {run_id} in {runs_dir}")
+    warn_suspect_images(sites.values())
 
 
 def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,6 +138,16 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         print(line)
     print(f"evaluation run {run_id}; results in {job['out']}")
     return summary
+
+
+def warn_suspect_images(sites) -> None:
+    """The data cards' warnings (constant or saturated image files) on stderr: an AUC on such
+    images says little about the model."""
+    from fed_auc.data.cards import card_warnings
+
+    for site in sites:
+        for line in card_warnings(site):
+            _stderr(f"fed-auc evaluate: warning: site {site.name}: {line}")
 
 
 def _stderr(line: str) -> None:
@@ -187,3 +198,4 @@ def evaluate_data(args: argparse.Namespace) -> None:
             text = r["note"] or f"AUC {fmt(r['auc'])}{ci}"
             print(f"{site:<12} {label:<18} n {r['n']:<5} {text}")
     print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
+    warn_suspect_images(sites)

@@ -47,6 +47,8 @@ def data_card(site: SiteData) -> dict[str, Any]:
     note = SYNTHETIC_NOTE if meta.get("source") == "synthetic" else FILE_NOTE
     if "splits" in meta:  # fed_auc.data.spec.site_from_config: a site file's own data
         note = SITE_FILE_NOTE
+    images = meta.pop("images", None)
+    meta.pop("aspect", None)  # in the images' policy
     card: dict[str, Any] = {
         "site": site.name,
         "source": meta.pop("source", "unknown"),
@@ -58,9 +60,17 @@ def data_card(site: SiteData) -> dict[str, Any]:
         "splits": {name: split_stats(getattr(site, name)) for name in SPLITS},
         "intended_use": meta.pop("intended_use", note["intended_use"]),
         "limits": list(note["limits"]),
+        "images": images,  # image files: how they were read (fed_auc.data.images); else None
+        "warnings": list(images["warnings"]) if images else [],
         "details": meta,
     }
     return card
+
+
+def card_warnings(site: SiteData) -> list[str]:
+    """The warnings of a site's card (constant or saturated image files), one line each."""
+    images = site.meta.get("images") or {}
+    return list(images.get("warnings", []))
 
 
 def split_stats(split) -> dict[str, Any]:
@@ -108,6 +118,10 @@ def render_card(card: dict[str, Any]) -> str:
                 f"{'—' if prev is None else f'{prev:.3f}'} | {_num(stats.get('mean'))} | "
                 f"{_num(stats.get('std'))} |"
             )
+    if card.get("warnings"):
+        lines += ["", "## Warnings", "", *[f"- **{w}**" for w in card["warnings"]]]
+    if card.get("images"):
+        lines += ["", *_image_lines(card["images"])]
     lines += ["", "## Intended use", "", card["intended_use"], "", "## Known limits", ""]
     lines += [f"- {item}" for item in card["limits"]]
     if card["details"]:
@@ -125,6 +139,29 @@ def write_cards(sites: list[SiteData], out_dir: str | Path) -> list[Path]:
         paths.append(out_dir / f"{site.name}.md")
         save_text(render_card(card), paths[-1])
     return paths
+
+
+def _image_lines(images: dict[str, Any]) -> list[str]:
+    """How the image files were read: the policy and how many images each rule touched."""
+    policy = images["policy"]
+    lines = [
+        "## Images",
+        "",
+        f"{images['read']} image file(s) read into 1 channel, intensities in [0, 1]:",
+        "",
+        f"- Scaling: {policy['scaling']}",
+        f"- Colour: {policy['colour']}",
+        f"- Alpha: {policy['alpha']}",
+        f"- Non-square: {policy['aspect']}",
+        "",
+    ]
+    if images["counts"]:
+        lines += ["| images | count |", "|---|---|"]
+        lines += [f"| {name} | {count} |" for name, count in images["counts"].items()]
+    else:
+        lines.append("Every image was 8-bit grayscale and square: no rule above applied.")
+    lines.append(f"\nConstant images: {images['constant']}; saturated: {images['saturated']}.")
+    return lines
 
 
 def _num(value: float | None) -> str:

@@ -5,6 +5,9 @@ CheXpert competition findings when present, else ``label``), optional ``site``, 
 (``patient_id``/``PatientID``/``patient``, or the ``patientNNNNN`` part of a CheXpert path),
 ``split`` (train/val/test) and ``Frontal/Lateral``. Label cells: 1, 0, -1 (uncertain, mapped
 by a policy) or blank (unknown, ignored by losses and metrics).
+
+How each file becomes a [0, 1] grayscale square (bit depth, DICOM windows, colour, alpha,
+aspect) and which images are flagged (constant, saturated): `fed_auc.data.images`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image, UnidentifiedImageError
 
+from fed_auc.data.images import (
+    DEFAULT_ASPECT,
+    FLAGS,
+    BadImageError,
+    read_image,
+    read_image_facts,
+    validate_aspect,
+)
 from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
-from fed_auc.data.pool import SPLITS, ImagePool, resize
+from fed_auc.data.pool import SPLITS, ImagePool
 
 CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
 UNCERTAIN_POLICIES = {"zeros": 0.0, "ones": 1.0, "ignore": float("nan")}
@@ -30,8 +40,7 @@ _CHEXPERT_PATIENT = re.compile(r"(patient\d+)")
 _VALUES = {"1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "-1": -1.0, "-1.0": -1.0, "": None}
 
 
-class BadImageError(ValueError):
-    """An image file that is missing or cannot be decoded."""
+__all__ = ["BadImageError", "load_csv_images", "read_image"]
 
 
 def load_csv_images(
@@ -44,13 +53,16 @@ def load_csv_images(
     skip_bad_images: bool = False,
     site: str | None = None,
     positive_label: int | None = None,
+    aspect: str = DEFAULT_ASPECT,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
     folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
     only the rows whose site column has this value (other sites' images are never read).
     `positive_label` 0: the label column's 0 is the positive class (after the uncertain
-    policy), for files that code the finding of interest as 0."""
+    policy), for files that code the finding of interest as 0. `aspect`: how non-square
+    images become square (pad, crop or stretch; `fed_auc.data.images`)."""
     csv_path = Path(csv_path)
+    validate_aspect(aspect)
     positive_label = validate_positive_label(positive_label)
     if uncertain not in UNCERTAIN_POLICIES:
         raise ValueError(
@@ -91,10 +103,13 @@ def load_csv_images(
     labels = np.stack([_label_column(csv_path, table, c, uncertain) for c in label_columns], 1)
     labels = select_positive(labels, positive_label, str(csv_path), allowed={0, 1})
     root = Path(root) if root is not None else csv_path.parent
-    images, keep, skipped = [], [], []
+    images, keep, skipped, files, facts = [], [], [], [], []
     for i, (line, rel) in enumerate(zip(table["_line"], table[image_column], strict=True)):
         try:
-            images.append(read_image(root / rel, image_size))
+            image, found = read_image_facts(root / rel, image_size, aspect)
+            images.append(image)
+            facts.append(found.flags)
+            files.append(f"{rel} (line {line})")
             keep.append(i)
         except BadImageError as exc:
             if not skip_bad_images:
@@ -116,8 +131,11 @@ def load_csv_images(
         split=_split_column(csv_path, table),
         site=_column(table, SITE_COLUMNS),
         patient=_patients(table, image_column),
+        files=np.array(files),
+        flags={name: np.array([name in f for f in facts], dtype=bool) for name in FLAGS},
         meta={
             "file": str(csv_path),
+            "aspect": aspect,
             "uncertain_policy": uncertain,
             "frontal_only": frontal_only,
             "skipped_images": len(skipped),
@@ -125,39 +143,6 @@ def load_csv_images(
             **({} if positive_label is None else {"positive_label": positive_note(positive_label)}),
         },
     )
-
-
-def read_image(path: Path, size: int) -> torch.Tensor:
-    """One grayscale image as float32 (1, size, size) in [0, 1]; DICOM by suffix .dcm."""
-    if not path.is_file():
-        raise BadImageError(f"image {path} not found")
-    try:
-        if path.suffix.lower() == ".dcm":
-            pixels = _dicom_pixels(path)
-        else:
-            with Image.open(path) as img:
-                pixels = np.asarray(img.convert("L"), dtype=np.float32) / 255.0
-    except (OSError, UnidentifiedImageError, ValueError, AttributeError) as exc:
-        raise BadImageError(f"cannot read image {path}: {exc}") from None
-    return resize(torch.from_numpy(pixels)[None, None], size)[0]
-
-
-def _dicom_pixels(path: Path) -> np.ndarray:
-    import pydicom
-    from pydicom.errors import InvalidDicomError
-
-    try:
-        ds = pydicom.dcmread(path)
-        pixels = ds.pixel_array.astype(np.float32)
-    except InvalidDicomError as exc:
-        raise ValueError(str(exc)) from None
-    if pixels.ndim != 2:
-        raise ValueError(f"expected a 2-D grayscale DICOM, pixel array shape {pixels.shape}")
-    low, high = float(pixels.min()), float(pixels.max())
-    pixels = (pixels - low) / (high - low) if high > low else np.zeros_like(pixels)
-    if getattr(ds, "PhotometricInterpretation", "") == "MONOCHROME1":
-        pixels = 1.0 - pixels  # MONOCHROME1 shows high values dark
-    return pixels
 
 
 def _label_column(csv_path: Path, table: pd.DataFrame, column: str, uncertain: str) -> np.ndarray:

@@ -184,6 +184,9 @@ def sites_from_manifest(pool: ImagePool, manifest: dict[str, Any]) -> list[SiteD
             **({"imratio": entry["imratio"]} if "imratio" in entry else {}),
             **{k: v for k, v in pool.meta.items() if k != "file"},
         }
+        report = pool.image_report(np.concatenate([np.asarray(entry[s], int) for s in SPLITS]))
+        if report is not None:  # image files: how they were read, and the suspect ones
+            meta["images"] = report
         out.append(SiteData(name, label_names=list(pool.label_names), meta=meta, **splits))
     return out
 

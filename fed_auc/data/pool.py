@@ -22,6 +22,9 @@ class ImagePool:
 
     images: float32 (N, 1, H, W) in [0, 1]; labels: float32 (N, L), NaN = unknown.
     split / site / patient: arrays of N strings, or None when the source has no such column.
+    files: N file names as warnings name them (image files only); flags: per-image booleans of
+    `fed_auc.data.images.FLAGS` (what reading each file found), summarized per site in the
+    data card.
     """
 
     images: torch.Tensor
@@ -32,6 +35,8 @@ class ImagePool:
     site: np.ndarray | None = None
     patient: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    files: np.ndarray | None = None
+    flags: dict[str, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         n = self.images.shape[0]
@@ -40,7 +45,7 @@ class ImagePool:
                 f"{self.source}: labels must be ({n}, {len(self.label_names)}), "
                 f"got {tuple(self.labels.shape)}"
             )
-        for name in ("split", "site", "patient"):
+        for name in ("split", "site", "patient", "files"):
             column = getattr(self, name)
             if column is not None and len(column) != n:
                 raise ValueError(f"{self.source}: {name} has {len(column)} rows, images {n}")
@@ -63,8 +68,19 @@ class ImagePool:
             list(self.label_names),
             self.source,
             meta=dict(self.meta),
+            files=None if self.files is None else self.files[rows],
+            flags=None if self.flags is None else {k: v[rows] for k, v in self.flags.items()},
             **pick,
         )
+
+    def image_report(self, rows: np.ndarray) -> dict[str, Any] | None:
+        """The data card's account of how the images of `rows` were read (image files only)."""
+        if self.flags is None or self.files is None:
+            return None
+        from fed_auc.data.images import DEFAULT_ASPECT, image_report
+
+        aspect = self.meta.get("aspect", DEFAULT_ASPECT)
+        return image_report(self.flags, self.files, rows, aspect)
 
 
 def resize(images: torch.Tensor, size: int | None) -> torch.Tensor:

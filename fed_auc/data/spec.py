@@ -54,10 +54,12 @@ def load_pool(
     skip_bad_images: bool = False,
     site: str | None = None,
     positive_label: int | None = None,
+    aspect: str = "pad",
 ) -> ImagePool:
     """Read a file source (not synthetic) into one pool of images resized to `image_size`;
     `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
-    the positive class (fed_auc.data.labels)."""
+    the positive class (fed_auc.data.labels); `aspect`: how non-square image files become
+    square (fed_auc.data.images; MedMNIST images are square)."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
@@ -74,6 +76,7 @@ def load_pool(
             skip_bad_images=skip_bad_images,
             site=site,
             positive_label=positive_label,
+            aspect=aspect,
         )
     raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
 
@@ -91,6 +94,7 @@ def load_sites(
     frontal_only: bool = False,
     skip_bad_images: bool = False,
     positive_label: int | None = None,
+    aspect: str = "pad",
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
     the fixed hospital profiles)."""
@@ -118,7 +122,13 @@ def load_sites(
     from fed_auc.data.partition import partition_pool
 
     pool = load_pool(
-        spec, image_size, uncertain, frontal_only, skip_bad_images, positive_label=positive_label
+        spec,
+        image_size,
+        uncertain,
+        frontal_only,
+        skip_bad_images,
+        positive_label=positive_label,
+        aspect=aspect,
     )
     return partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
@@ -127,6 +137,7 @@ def load_sites(
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
+    "aspect",
 )  # fmt: skip
 
 
@@ -137,7 +148,8 @@ def site_from_config(
 
     ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
     has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images`` and
-    ``positive_label`` as for ``--data``. Without a split column the rows are split 70/10/20
+    ``positive_label`` as for ``--data``; ``aspect`` (pad, crop or stretch) for non-square
+    images. Without a split column the rows are split 70/10/20
     by patient, seeded by ``split_seed`` (default ``seed``).
     """
     unknown = sorted(set(table) - set(SITE_KEYS))
@@ -157,6 +169,7 @@ def site_from_config(
         skip_bad_images=bool(table.get("skip_bad_images", False)),
         site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
         positive_label=table.get("positive_label"),
+        aspect=table.get("aspect", "pad"),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:

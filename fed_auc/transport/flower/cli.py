@@ -44,6 +44,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="validate the site file and its images and labels, print the data card, exit",
     )
     n.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit non-zero) when the data check warns: constant or saturated images",
+    )
+    n.add_argument(
         "--image-size", type=int, default=28, help="image side for --check and the start check"
     )
     n.add_argument(
@@ -160,11 +165,21 @@ def node(args: argparse.Namespace) -> int:
         check_site_data(site, data)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"fed-auc node: {exc}") from None
-    if args.check:
-        from fed_auc.data.cards import data_card, render_card
+    from fed_auc.data.cards import card_warnings, data_card, render_card
 
+    warnings = card_warnings(data)
+    if args.check:
         print(render_card(data_card(data)))
-        print(f"fed-auc node --check: {args.site} is ready ({len(data.train)} training images)")
+    for line in warnings:
+        print(f"fed-auc node: warning: {args.site}: {line}", file=sys.stderr)
+    if warnings and getattr(args, "strict", False):
+        raise SystemExit(
+            f"fed-auc node --strict: {args.site}: refused, the data check found "
+            f"{len(warnings)} problem(s): " + "; ".join(warnings)
+        )
+    if args.check:
+        state = f"ready with {len(warnings)} warning(s)" if warnings else "ready"
+        print(f"fed-auc node --check: {args.site} is {state} ({len(data.train)} training images)")
         return 0
     if args.coordinator is None:
         raise SystemExit("fed-auc node: give --coordinator HOST:PORT (or --check)")
