@@ -209,7 +209,7 @@ def test_the_secret_stays_on_the_node_and_the_sample_is_drawn_from_it(tmp_path, 
     recorded = b"".join(p.read_bytes() for p in runs.rglob("*") if p.is_file()
                         and p.name not in (SECRET_FILE, LEDGER_FILE)
                         and "nodes" not in p.relative_to(runs).parts)  # fmt: skip
-    for site, state_dir in nodes.items():
+    for state_dir in nodes.values():
         secret = (state_dir / SECRET_FILE).read_bytes()
         assert len(secret) == 32 and secret not in recorded
         assert (state_dir / SECRET_FILE).stat().st_mode & 0o077 == 0  # the node's user only
