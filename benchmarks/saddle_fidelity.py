@@ -193,7 +193,7 @@ def run_toy(algorithm, transform, weak, rounds, participation=0.5, seed=0, **hyp
                 reply.trained_groups = sites[k].trained_groups
                 if privacy is not None:
                     blocks = backend.reply_blocks(reply, broadcast)
-                    sent = privacy.privatize(reply, broadcast, names[k], blocks)
+                    sent = privacy.privatize(reply, blocks)  # clipping only: no noise
                     local[k] = backend.reply_sent(reply, sent, broadcast, local[k])
                     reply = sent
                 replies.append(reply)
