@@ -107,8 +107,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--dp",
         choices=["update", "example"],
         help="client-side DP: 'update' clips and noises each site's whole update (default when "
-        "--dp-clip is given), with a site-level (ε, δ) accountant per site (one hospital's whole "
-        "data) and GroupNorm when there is noise; 'example' is DP-SGD: each example's gradient "
+        "--dp-clip is given), with a site-level (ε, δ) accountant per site (replacing one "
+        "hospital's whole data) and GroupNorm when there is noise; 'example' is DP-SGD: each example's gradient "
         "clipped in every local step, with an example-level (ε, δ) accountant per site and "
         "GroupNorm in the model",
     )
@@ -122,8 +122,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target-epsilon",
         type=float,
-        help="derive σ so each site spends this ε over the run (--dp example: per example, "
-        "--dp update: per site); a site whose budget is spent stops training",
+        help="derive σ so each site spends this ε over the run as its backend plans it "
+        "(--dp example: per example, --dp update: per site); with --dp-noise, σ is kept and a "
+        "run that would need more ε is refused before round 1; a site whose budget is spent "
+        "stops training",
     )
     p.add_argument("--delta", dest="dp_delta", type=float, help="DP's δ (1e-5)")
     p.add_argument(
