@@ -25,14 +25,20 @@ EXAMPLE_SCOPE = (
     "noised."
 )
 UPDATE_SCOPE = (
-    "ε is each site's own, at the site level: it bounds what everything that site sent over "
-    "the run (each update clipped to C with Gaussian noise σ·C, hence also the final model) "
-    "reveals about the site's whole dataset, all its patients together, except with "
-    "probability δ. It says nothing finer about one patient than about the whole hospital, and "
-    "with few sites the noise a small ε needs is large against the sites' mean update. Every "
-    "round a site took part in counts in full (the site sample is seeded, not secret). It does "
-    "not cover the site's counts, prevalence, steps or evaluation results."
+    "ε is each site's own, at the site level: it bounds what everything that site sent over the "
+    "run (each update clipped to C with Gaussian noise σ·C, hence also the final model) reveals "
+    "about the site's whole dataset, all its patients together, against any other dataset in its "
+    "place, except with probability δ. It says nothing finer about one patient than about the "
+    "whole hospital, and with few sites the noise a small ε needs is large against the sites' "
+    "mean update. Every round a site took part in counts in full (the site sample is seeded, not "
+    "secret). It does not cover the site's counts, prevalence, steps or evaluation results."
 )
+# The relation of runs recorded before the store named it (their update-level ε was computed
+# for add/remove of a site, not replace-one).
+LEGACY_RELATIONS = {
+    "example": "add or remove one training example (image) of a site",
+    "update": "add or remove one hospital's whole training data (recorded before replace-one)",
+}
 CLIP_ONLY_SCOPE = (
     "Update-level clipping without noise (σ = 0) bounds each site's influence on a round but "
     "is no differential privacy: no ε."
@@ -81,6 +87,16 @@ def dp_settings(config: dict[str, Any] | None) -> DPSettings | None:
         delta=config.get("dp_delta", DEFAULT_DELTA),
         target_epsilon=config.get("target_epsilon"),
     )
+
+
+def relation(data: RunData, mode: str) -> str:
+    """The neighbouring relation the run's ε are for, as the store recorded it beside them."""
+    rows = data.site_rounds
+    if "dp_relation" in rows:
+        named = rows["dp_relation"].dropna()
+        if len(named):
+            return str(named.iloc[-1])
+    return LEGACY_RELATIONS[mode]
 
 
 def epsilon_by_round(data: RunData) -> pd.DataFrame:

@@ -24,7 +24,10 @@ TARGET = 2.0
 EXPORTED = 2
 
 
-def _row(site: str, round_: int, dp: bool) -> SiteRound:
+REPLACE_ONE = "replace one hospital's whole training data"
+
+
+def _row(site: str, round_: int, dp: bool, relation: str | None = None) -> SiteRound:
     status = "initial" if round_ == 0 else "completed"
     if dp and site == "north" and round_ == 3:
         status = "budget_spent"
@@ -34,15 +37,18 @@ def _row(site: str, round_: int, dp: bool) -> SiteRound:
     )  # fmt: skip
     if dp and round_ > 0:
         row.dp_epsilon, row.dp_delta = EPSILON[site][round_ - 1], DELTA
+        row.dp_relation = relation
         if status == "completed":
             row.metrics["dp_noise_multiplier"] = SIGMA[site]
     return row
 
 
-def _run(store: RunStore, run_id: str, config: dict, dp: bool) -> None:
+def _run(
+    store: RunStore, run_id: str, config: dict, dp: bool, relation: str | None = None
+) -> None:
     store.create_run("codasca", {"rounds": 3, **config}, run_id=run_id)
     for round_ in range(4):
-        rows = [_row(site, round_, dp) for site in SITES]
+        rows = [_row(site, round_, dp, relation) for site in SITES]
         store.record_round(run_id, RoundRecord(round=round_, global_auc=0.6, sites=rows))
     store.finish_run(run_id, "completed", {"selected_round": EXPORTED, "threshold": [0.5]})
 
@@ -54,7 +60,9 @@ def store_dir(tmp_path_factory):
     with RunStore(path) as store:
         _run(store, "run-dp", example, dp=True)
         _run(store, "run-plain", {}, dp=False)
-        _run(store, "run-update", {"dp_clip": 0.5, "dp_noise": 0.8, "dp_delta": DELTA}, dp=True)
+        update = {"dp_clip": 0.5, "dp_noise": 0.8, "dp_delta": DELTA}
+        _run(store, "run-update", update, dp=True, relation=REPLACE_ONE)
+        _run(store, "run-update-old", update, dp=True)  # recorded before the store named it
         _run(store, "run-clip", {"dp_clip": 0.5}, dp=False)
     return path
 
@@ -103,6 +111,7 @@ def test_update_level_dp_shows_each_sites_site_level_epsilon(monkeypatch, store_
     assert "Mode: update-level (site-level ε) · clip C = 0.5 · noise: σ = 0.8" in text
     assert f"δ = {DELTA:g}" in text
     assert "site's whole dataset, all its patients together" in text  # what ε covers
+    assert f"ε is for the neighbouring relation: **{REPLACE_ONE}**" in text
     assert "with few sites the noise a small ε needs is large" in text
     table = frame_with(at, "ε spent").set_index("site")
     for site, spent in EPSILON.items():
@@ -112,6 +121,13 @@ def test_update_level_dp_shows_each_sites_site_level_epsilon(monkeypatch, store_
     per_round = frame_with(at, "east")
     for site, spent in EPSILON.items():
         assert per_round[site].tolist() == pytest.approx(spent)
+
+
+def test_an_older_runs_epsilon_names_the_relation_it_was_computed_for(monkeypatch, store_dir):
+    text = texts(open_page(monkeypatch, store_dir, "sites", "run-update-old"))
+    assert "relation: **add or remove one hospital's whole training data (recorded before" in text
+    text = texts(open_page(monkeypatch, store_dir, "sites", "run-dp"))
+    assert "ε is for the neighbouring relation: **add or remove one training example" in text
 
 
 def test_clipping_without_noise_shows_its_clip_and_says_no_epsilon(monkeypatch, store_dir):

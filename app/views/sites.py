@@ -125,6 +125,7 @@ def privacy_section(data: RunData) -> None:
     if not settings.accounted:
         st.caption(privacy.CLIP_ONLY_SCOPE)
         return
+    st.markdown(f"ε is for the neighbouring relation: **{privacy.relation(data, settings.mode)}**")
     st.caption(privacy.EXAMPLE_SCOPE if settings.mode == "example" else privacy.UPDATE_SCOPE)
     summary = data.run.get("summary") or {}
     exported = summary.get("selected_round")

@@ -106,11 +106,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dp",
         choices=["update", "example"],
-        help="client-side DP: 'update' clips and noises each site's whole update (default when "
-        "--dp-clip is given), with a site-level (ε, δ) accountant per site (replacing one "
-        "hospital's whole data) and GroupNorm when there is noise; 'example' is DP-SGD: each example's gradient "
-        "clipped in every local step, with an example-level (ε, δ) accountant per site and "
-        "GroupNorm in the model",
+        help="client-side DP: 'update' clips and noises each site's whole update "
+        "(default when --dp-clip is given), with a site-level (ε, δ) accountant per site "
+        "(replacing one hospital's whole data) and GroupNorm when there is noise; "
+        "'example' is DP-SGD: each example's gradient clipped in every local step, with "
+        "an example-level (ε, δ) accountant per site and GroupNorm in the model",
     )
     p.add_argument(
         "--dp-clip",
