@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from fed_auc.data.labels import federation_positive_class, positive_class_text
 from fed_auc.store import STORE_FILE
 
 MB = 1e6
@@ -92,6 +93,13 @@ def data_source(config: dict[str, Any] | None) -> str:
     data = str(config.get("data", "synthetic"))
     kind, _, path = data.partition(":")
     return f"{kind}:{Path(path.split(':')[0]).name}" if path else kind
+
+
+def positive_class(summaries: Any) -> str:
+    """The class a run's AUCs, sensitivities and ROC curves are about, from its sites' data
+    cards (``positive_class``); runs recorded before cards named it say so."""
+    cards = [s for s in summaries if isinstance(s, dict)]
+    return positive_class_text(federation_positive_class(cards))
 
 
 def run_label(run: dict[str, Any]) -> str:

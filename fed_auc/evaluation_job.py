@@ -24,6 +24,7 @@ from fed_auc.data.base import SiteData
 from fed_auc.evaluate import (
     POOLED,
     calibration_rows,
+    card_positive_class,
     label_result,
     load_registered_model,
     worst_site_auc,
@@ -242,6 +243,7 @@ def record_job(
     summary: dict[str, Any] = {"files": {}, "auc": {}, "failures": {}}
     for split, result in results.items():
         result.update(model=model, model_run_id=card.get("run_id"), transport=transport_name)
+        result.setdefault("positive_class", card_positive_class(card))
         store.record_evaluation(run_id, split, result)
         summary["auc"][split] = {
             site: [labels[name]["auc"] for name in result["label_names"]]

@@ -18,7 +18,7 @@ from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.algorithms.base import DUAL_LR_PREVALENCE, validate_positive
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
-from fed_auc.data.labels import validate_positive_label
+from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
@@ -46,6 +46,7 @@ PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
     "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
+    "positive_class",
 )  # fmt: skip
 
 
@@ -110,6 +111,9 @@ class ExperimentConfig:
     # The label value of a file source that is the positive class (None: the file's 1), e.g.
     # 0 for BreastMNIST, whose 1 is normal/benign and 0 malignant (fed_auc.data.labels).
     positive_label: int | None = None
+    # Its name in the cards, evaluation files and dashboard, e.g. "malignant" (None: derived,
+    # "label == 0" or the label column's name; fed_auc.data.labels.positive_classes).
+    positive_class: str | None = None
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
     # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
@@ -242,6 +246,12 @@ class ExperimentConfig:
             parse_partition(self.partition)
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
         validate_positive_label(self.positive_label)
+        validate_positive_class(self.positive_class)
+        if synthetic and self.positive_class is not None:
+            raise ValueError(
+                f"positive_class {self.positive_class!r} names a file source's positive class; "
+                "the synthetic federation's positives are its findings"
+            )
         if synthetic and self.positive_label is not None:
             raise ValueError(
                 f"positive_label {self.positive_label!r} applies to file sources (--data "

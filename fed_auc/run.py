@@ -19,6 +19,7 @@ import torch
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator import Coordinator
+from fed_auc.data.labels import federation_positive_class
 from fed_auc.evaluate import youden_threshold
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.export import export_model
@@ -444,6 +445,8 @@ def model_card(
         "image_size": config.image_size,
         "tta": config.test_time_augmentation(),
         "label_names": cards[0]["label_names"],
+        # the class every AUC, sensitivity and threshold of this card is about
+        "positive_class": federation_positive_class(cards),
         "hyperparameters": hyperparameters,
         "global_auc": _number(selected["global_auc"]),
         "global_val_auc": _number(selected["global_val_auc"]),

@@ -85,6 +85,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         frontal_only=config.frontal_only,
         skip_bad_images=config.skip_bad_images,
         positive_label=config.positive_label,
+        positive_class=config.positive_class,
     )
     budgets = config.memory_budgets()
     return [InProcessSite(s, i, b) for i, (s, b) in enumerate(zip(sites, budgets, strict=True))], (

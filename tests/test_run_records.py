@@ -4,7 +4,9 @@ named as such), the positive class by name, and the data it really ran on."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fed_auc.cli import main
@@ -42,3 +44,91 @@ def test_the_simulate_summary_line_leads_with_the_exported_model():
     assert summary_headline(summary) == "exported model (round 1) AUC 0.885; last round (2) 0.889"
     summary |= {"averaged_rounds": [1, 2]}
     assert summary_headline(summary).startswith("exported model (mean of rounds [1, 2]) AUC 0.885")
+
+
+# -- the positive class, by name -------------------------------------------------------------
+def _breast_sites(tmp_path):
+    """A BreastMNIST-named npz (label 0 = malignant) split into three sites by the walkthrough's
+    script, with its defaults: the site files make malignancy the positive class."""
+    import importlib.util
+
+    from tests.data_files import write_npz
+
+    script = Path(__file__).resolve().parents[1] / "hospitals" / "examples" / "split_medmnist.py"
+    spec = importlib.util.spec_from_file_location("split_medmnist", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = write_npz(tmp_path / "breastmnist.npz", n=(60, 24, 30))
+    assert module.main([str(source), "--out", str(tmp_path / "sites"), "--sites", "3"]) == 0
+    return [tmp_path / "sites" / f"{name}.toml" for name in ("north", "south", "east")]
+
+
+def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard(
+    tmp_path, monkeypatch, capsys
+):
+    from fed_auc.data.cards import render_card, write_cards
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.simulation import run_simulation
+    from fed_auc.site import SiteDefinition
+    from tests.test_dashboard import open_page, texts
+
+    files = _breast_sites(tmp_path)
+    site = SiteDefinition.from_toml(files[0])
+    assert site.data["positive_label"] == 0 and site.data["positive_class"] == "malignant"
+    data = site.load(image_size=16)
+    (md,) = write_cards([data], tmp_path / "cards")
+    card = json.loads(md.with_suffix(".json").read_text())
+    assert card["positive_class"] == ["malignant"]
+    assert "Positive class: malignant" in md.read_text() == render_card(card)
+
+    runs = tmp_path / "runs"
+    summary = run_simulation(
+        ExperimentConfig(
+            model="tiny",
+            image_size=16,
+            rounds=2,
+            local_steps=2,
+            batch_size=8,
+            lr=0.01,
+            site_files=[str(f) for f in files],
+            runs_dir=str(runs),
+        )  # fmt: skip
+    )
+    model_dir = Path(summary["model_path"]).parent
+    model_card = json.loads((model_dir / "model_card.json").read_text())
+    assert model_card["positive_class"] == ["malignant"]
+    assert "Positive class: malignant" in (model_dir / "MODEL_CARD.md").read_text()
+
+    out = tmp_path / "eval"
+    args = ["evaluate", "--model", str(model_dir), "--out", str(out), "--runs-dir", str(runs),
+            "--bootstrap", "20"]  # fmt: skip
+    assert main([*args, *[x for f in files for x in ("--site", str(f))]]) == 0
+    capsys.readouterr()
+    assert json.loads((out / "evaluation.json").read_text())["positive_class"] == ["malignant"]
+    assert set(pd.read_csv(out / "evaluation.csv")["positive_class"]) == {"malignant"}
+
+    for page in ("overview", "sites", "evaluations"):
+        at = open_page(monkeypatch, runs, page, summary["run_id"])
+        assert "Positive class: malignant" in texts(at), page
+
+
+def test_the_roc_and_operating_point_pages_name_the_positive_class(tmp_path, monkeypatch):
+    from tests.test_dashboard import open_page, texts
+
+    ids = dashboard_store.fill(tmp_path)  # its data cards name the class "finding present"
+    for page in ("roc", "operating_point", "compare"):
+        at = open_page(monkeypatch, tmp_path, page, ids["complete"])
+        assert "Positive class: finding present" in texts(at), page
+    at = open_page(monkeypatch, tmp_path, "operating_point", ids["complete"])
+    assert "sensitivity is the share of its images called positive" in texts(at)
+
+
+def test_a_derived_positive_class_says_which_label_value_it_is():
+    from fed_auc.data.labels import positive_classes
+
+    assert positive_classes(["label"]) == ["label == 1"]
+    assert positive_classes(["label"], positive_label=0) == ["label == 0"]
+    assert positive_classes(["Cardiomegaly", "Edema"]) == ["Cardiomegaly", "Edema"]
+    assert positive_classes(["label"], 0, "malignant") == ["malignant"]
+    with pytest.raises(ValueError, match="names 1 class"):
+        positive_classes(["a", "b"], None, "malignant")

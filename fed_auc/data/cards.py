@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.labels import positive_class_text, positive_classes
 from fed_auc.data.pool import SPLITS
 from fed_auc.io import save_json, save_text
 
@@ -52,6 +53,8 @@ def data_card(site: SiteData) -> dict[str, Any]:
         "source": meta.pop("source", "unknown"),
         "license": meta.pop("license", "see the source dataset"),
         "label_names": list(site.label_names),
+        # what every AUC and sensitivity of this site is about (fed_auc.data.labels)
+        "positive_class": meta.pop("positive_class", None) or positive_classes(site.label_names),
         "image_size": list(site.train.images.shape[-2:]),
         "patients": meta.pop("patients", None),
         "skipped_images": meta.pop("skipped_images", 0),
@@ -90,6 +93,8 @@ def render_card(card: dict[str, Any]) -> str:
         f"# Data card — {card['site']}",
         "",
         f"- Source: `{card['source']}`",
+        f"- Positive class: {positive_class_text(card.get('positive_class'))} (the \"positives\" "
+        "and prevalence below count it)",
         f"- License: {card['license']}",
         f"- Image size: {card['image_size'][0]}×{card['image_size'][1]} px, 1 channel, "
         "intensities in [0, 1]",

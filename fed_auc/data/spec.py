@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.labels import positive_classes
 from fed_auc.data.pool import ImagePool
 
 KINDS = ("synthetic", "medmnist", "csv")
@@ -91,6 +92,7 @@ def load_sites(
     frontal_only: bool = False,
     skip_bad_images: bool = False,
     positive_label: int | None = None,
+    positive_class: str | list[str] | None = None,
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
     the fixed hospital profiles)."""
@@ -120,13 +122,18 @@ def load_sites(
     pool = load_pool(
         spec, image_size, uncertain, frontal_only, skip_bad_images, positive_label=positive_label
     )
-    return partition_pool(
+    sites_out, manifest = partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
     )
+    named = positive_classes(pool.label_names, positive_label, positive_class)
+    for site in sites_out:
+        site.meta["positive_class"] = named
+    return sites_out, manifest
 
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
+    "positive_class",
 )  # fmt: skip
 
 
@@ -175,6 +182,9 @@ def site_from_config(
     # come from instead of "partition: iid".
     for key in ("partition", "seed", "feature_shift", "removed_for_imratio"):
         site.meta.pop(key, None)
+    site.meta["positive_class"] = positive_classes(
+        site.label_names, table.get("positive_label"), table.get("positive_class")
+    )
     site.meta["splits"] = (
         "the file's own splits"
         if pool.split is not None
