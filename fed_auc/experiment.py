@@ -620,4 +620,14 @@ def _at_least(name: str, value: Any, low: int, high: int | None = None) -> None:
 def recorded_config(recorded: dict[str, Any], runs_dir: str | Path) -> ExperimentConfig:
     """The config a run was recorded with; options added to fed-auc since then take the value
     that reproduces how it trained (a run recorded before the negative floor had none)."""
+    recorded = dict(recorded)
+    # What the run recorded about its data (fed_auc.data.cards.data_record) describes what it
+    # ran on, not options: the sites' data, their number and site files come from the nodes
+    # over Flower, from the site files in-process.
+    recorded.pop("site_data", None)
+    if recorded.get("transport") == "flower":
+        for key in ("data", "sites", "site_files"):
+            recorded.pop(key, None)
+    elif recorded.get("site_files"):
+        recorded.pop("data", None)
     return ExperimentConfig(**{"min_neg_fraction": 0.0, **recorded, "runs_dir": str(runs_dir)})

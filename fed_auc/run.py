@@ -58,6 +58,7 @@ def warm_start(
     transport_for: Callable[[str, Any], Any],
     pooled_scoring: bool = True,
     personal: Collection[str] = (),
+    record: dict[str, Any] | None = None,
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
@@ -72,7 +73,8 @@ def warm_start(
     warm_model.load_state_dict(model.state_dict())
     num_labels = model.num_labels
     server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
-    warm_id = store.create_run("fedavg", {**options, "warmup_for": run_id}, git_revision())
+    recorded = {**options, **(record or {}), "warmup_for": run_id}  # record: data_record
+    warm_id = store.create_run("fedavg", recorded, git_revision())
     coordinator = Coordinator(
         backend,
         transport_for(warm_id, hyperparameters),

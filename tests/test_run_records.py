@@ -132,3 +132,102 @@ def test_a_derived_positive_class_says_which_label_value_it_is():
     assert positive_classes(["label"], 0, "malignant") == ["malignant"]
     with pytest.raises(ValueError, match="names 1 class"):
         positive_classes(["a", "b"], None, "malignant")
+
+
+# -- what a run really ran on ------------------------------------------------------------------
+RECORDED = ("data", "sites", "site_files", "site_data")
+
+
+def test_a_flower_run_records_the_data_it_ran_on_as_an_in_process_run_does(
+    tmp_path, monkeypatch, shared_dp_secret
+):
+    import hashlib
+
+    from app import queries
+    from app.tables import differing_settings
+    from fed_auc.experiment import ExperimentConfig, recorded_config
+    from fed_auc.simulation import run_simulation
+    from fed_auc.store import RunStore
+    from tests.data_files import write_npz
+    from tests.test_flower_worker_options import _over_worker, _png_csv, _site_files
+
+    (tmp_path / "east").mkdir()
+    specs = [
+        ("north", f"csv:{_png_csv(tmp_path / 'north', ['label'], seed=1)}"),
+        ("south", f"csv:{_png_csv(tmp_path / 'south', ['label'], rows=36, seed=2)}"),
+        ("east", f"medmnist:{write_npz(tmp_path / 'east' / 'site.npz', n=(24, 8, 8), seed=3)}"),
+    ]
+    files = _site_files(tmp_path / "sites", specs, {})
+    options = {"model": "tiny", "image_size": 16, "rounds": 1, "local_steps": 1, "batch_size": 8}
+    local = run_simulation(
+        ExperimentConfig(
+            **options, site_files=[str(f) for f in files], runs_dir=str(tmp_path / "a")
+        )
+    )
+    flower, _ = _over_worker(options, files, tmp_path / "b")
+    with RunStore(tmp_path / "a") as store:
+        want = store.run(local["run_id"])["config"]
+    with RunStore(tmp_path / "b") as store:
+        got = store.run(flower["run_id"])["config"]
+
+    assert got["data"] == want["data"] == "site files"  # not the unused default "synthetic"
+    assert got["sites"] == want["sites"] == 3  # the sites that registered, not the default 4
+    assert got["site_files"] == want["site_files"] == [str(f) for f in files]
+    assert got["site_data"] == want["site_data"]
+    north = got["site_data"]["north"]
+    csv_path = specs[0][1].removeprefix("csv:")
+    assert north["sha256"] == hashlib.sha256(open(csv_path, "rb").read()).hexdigest()
+    assert north["spec"] == f"csv:{csv_path}" and north["positive_class"] == ["label == 1"]
+    east = got["site_data"]["east"]
+    assert (
+        east["sha256"] == hashlib.sha256((tmp_path / "east" / "site.npz").read_bytes()).hexdigest()
+    )
+
+    # the dashboard: "site files", 3 sites for both; Compare differs only in the transport
+    for runs, run_id in ((tmp_path / "a", local["run_id"]), (tmp_path / "b", flower["run_id"])):
+        row = queries.runs(runs).set_index("id").loc[run_id]
+        assert row["data_source"] == "site files" and "synthetic" not in row["label"]
+        assert " · 3 sites · " in row["label"]
+    differ = differing_settings({"local": want, "flower": got}).index.tolist()
+    assert not set(differ) & set(RECORDED), differ
+    assert set(differ) <= {"transport", "flower", "runs_dir"}, differ  # two stores here
+
+    # a resume reads the recorded config back as options (the record is not an option)
+    with RunStore(tmp_path / "b") as store:
+        resumed = dict(store.run(flower["run_id"])["config"])
+    resumed.pop("flower")
+    assert recorded_config(resumed, tmp_path / "b").transport == "flower"
+    assert recorded_config(want, tmp_path / "a").site_files == [str(f) for f in files]
+
+
+def test_an_evaluation_job_records_the_data_it_scored(tmp_path, capsys):
+    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.simulation import run_simulation
+    from fed_auc.store import RunStore
+
+    files = _breast_sites(tmp_path)
+    runs = tmp_path / "runs"
+    summary = run_simulation(
+        ExperimentConfig(
+            model="tiny",
+            image_size=16,
+            rounds=1,
+            local_steps=1,
+            batch_size=8,
+            lr=0.01,
+            site_files=[str(f) for f in files],
+            runs_dir=str(runs),
+        )  # fmt: skip
+    )
+    model_dir = Path(summary["model_path"]).parent
+    args = ["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "eval"),
+            "--runs-dir", str(runs), "--bootstrap", "20"]  # fmt: skip
+    assert main([*args, *[x for f in files[:2] for x in ("--site", str(f))]]) == 0
+    job_id = capsys.readouterr().out.strip().splitlines()[-1].split()[2]
+    with RunStore(runs) as store:
+        job = store.run(job_id)["config"]
+        trained = store.run(summary["run_id"])["config"]
+    assert job["data"] == "site files" and job["sites"] == 2
+    assert job["site_files"] == [str(f) for f in files[:2]]
+    assert job["site_data"] == {k: trained["site_data"][k] for k in ("north", "south")}
+    assert job["site_data"]["north"]["positive_class"] == ["malignant"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,15 @@ def load_sites(
     return sites_out, manifest
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
     "positive_class",
@@ -182,6 +192,12 @@ def site_from_config(
     # come from instead of "partition: iid".
     for key in ("partition", "seed", "feature_shift", "removed_for_imratio"):
         site.meta.pop(key, None)
+    # what the site really holds: its spec and the content hash of its data file (the .npz, or
+    # the CSV; not the images a CSV names), so runs on the same files are seen to be on them
+    site.meta["data_spec"] = str(table["spec"]) + (
+        f" (site {table['site']})" if "site" in table else ""
+    )
+    site.meta["data_sha256"] = file_sha256(spec.path)
     site.meta["positive_class"] = positive_classes(
         site.label_names, table.get("positive_label"), table.get("positive_class")
     )
