@@ -24,6 +24,11 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         help="label value of the file that is the positive class, every other value negative "
         "(default: 1); e.g. 0 for BreastMNIST's malignant class",
     )
+    p.add_argument(
+        "--positive-class",
+        help="the positive class's name in cards, evaluations and the dashboard, e.g. malignant "
+        "(default: derived, 'label == V' or the finding column's name)",
+    )
     p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
     p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
     p.add_argument(
@@ -51,6 +56,7 @@ def data_options(args: argparse.Namespace) -> dict[str, Any]:
         "frontal_only": bool(args.frontal_only),
         "skip_bad_images": bool(args.skip_bad_images),
         "positive_label": args.positive_label,
+        "positive_class": getattr(args, "positive_class", None),
     }
 
 
