@@ -91,6 +91,7 @@ def current_run() -> RunData:
     data = load_run(run_id)
     status_banner(data)
     synthetic_badge(data)
+    positive_class_caption(data)
     if data.rounds.empty and data.run["algorithm"] == "evaluate":
         st.info("This run is an evaluation job (no training round): see the Evaluations page.")
         st.stop()
@@ -109,6 +110,16 @@ def synthetic_badge(data: RunData) -> None:
             "Every site of this run holds generated images, not patients: its numbers say "
             "nothing about clinical performance."
         )
+
+
+def positive_class_caption(data: RunData) -> None:
+    """Name the positive class on every page: each AUC, sensitivity, ROC curve and operating
+    point of the run is about it (BreastMNIST's file label 1 is *benign*)."""
+    st.caption(f"Positive class: {positive_class_text(data)}")
+
+
+def positive_class_text(data: RunData) -> str:
+    return queries.positive_class(data.sites["summary"])
 
 
 def status_banner(data: RunData) -> None:

@@ -94,6 +94,28 @@ def data_source(config: dict[str, Any] | None) -> str:
     return f"{kind}:{Path(path.split(':')[0]).name}" if path else kind
 
 
+def positive_class(summaries: Any) -> str:
+    """The class a run's AUCs, sensitivities and ROC curves are about, from its sites' data
+    cards (``positive_class``); runs recorded before cards named it say so. (The rule of
+    ``fed_auc.data.labels.federation_positive_class``: the app imports no data code.)"""
+    per_label: list[dict[str, list[str]]] = []  # per label: name → sites
+    for card in summaries:
+        if not isinstance(card, dict):
+            continue
+        for j, name in enumerate(card.get("positive_class") or []):
+            if j == len(per_label):
+                per_label.append({})
+            per_label[j].setdefault(name, []).append(str(card.get("site", "?")))
+    if not per_label:
+        return "not recorded (the files' label value 1)"
+    return ", ".join(
+        next(iter(names))
+        if len(names) == 1
+        else " / ".join(f"{n} ({', '.join(s)})" for n, s in names.items())
+        for names in per_label
+    )
+
+
 def run_label(run: dict[str, Any]) -> str:
     """algorithm · data source · transport · N sites · AUC · start · id: runs apart at a glance."""
     auc = run.get("final_auc")

@@ -21,6 +21,7 @@ import torch
 from sklearn.metrics import roc_curve
 
 from fed_auc.data.base import SiteData, Split
+from fed_auc.data.labels import positive_classes
 from fed_auc.export import MODEL_FORMAT
 from fed_auc.io import save_json
 from fed_auc.metrics import auc_of
@@ -167,7 +168,8 @@ def evaluate_model(
         scored[POOLED] = tuple(
             np.concatenate(parts) for parts in zip(*scored.values(), strict=True)
         )
-    results: dict[str, Any] = {"label_names": names, "bootstrap": n_boot, "tta": tta, "sites": {}}
+    results: dict[str, Any] = {"label_names": names, "positive_class": card_positive_class(card),
+                               "bootstrap": n_boot, "tta": tta, "sites": {}}  # fmt: skip
     for site, (labels, scores) in scored.items():
         results["sites"][site] = {
             label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)
@@ -221,12 +223,20 @@ def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, S
     return {"all": Split(images, torch.cat([p.labels for p in parts]))}
 
 
+def card_positive_class(card: dict[str, Any]) -> list[str]:
+    """The class a model's numbers are about: its card's, or derived from its label names
+    (cards written before the card named it)."""
+    return card.get("positive_class") or positive_classes(list(card["label_names"]))
+
+
 def results_table(results: dict[str, Any]) -> pd.DataFrame:
-    """One row per site and label (no ROC points)."""
+    """One row per site and label (no ROC points), each naming its positive class."""
+    named = dict(zip(results["label_names"], results.get("positive_class") or [], strict=False))
     rows = [
         {
             "site": site,
             "label": label,
+            "positive_class": named.get(label),
             **{k: v for k, v in r.items() if k not in ("roc", "bins", "calibration")},
         }
         for site, labels in results["sites"].items()
@@ -243,6 +253,7 @@ def plot_roc(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = results["label_names"]
+    named = dict(zip(names, results.get("positive_class") or [], strict=False))
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4), squeeze=False)
     for ax, label in zip(axes[0], names, strict=True):
         for site, labels in results["sites"].items():
@@ -252,7 +263,8 @@ def plot_roc(results: dict[str, Any], path: Path) -> None:
             style = "--" if site == POOLED else "-"
             ax.plot(r["roc"]["fpr"], r["roc"]["tpr"], style, label=f"{site} {r['auc']:.3f}")
         ax.plot([0, 1], [0, 1], ":", color="grey")
-        ax.set(title=label, xlabel="1 − specificity", ylabel="sensitivity")
+        title = f"{label}: positive class {named[label]}" if label in named else label
+        ax.set(title=title, xlabel="1 − specificity", ylabel="sensitivity")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="lower right")
         else:

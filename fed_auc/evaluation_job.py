@@ -24,6 +24,7 @@ from fed_auc.data.base import SiteData
 from fed_auc.evaluate import (
     POOLED,
     calibration_rows,
+    card_positive_class,
     label_result,
     load_registered_model,
     worst_site_auc,
@@ -242,6 +243,7 @@ def record_job(
     summary: dict[str, Any] = {"files": {}, "auc": {}, "failures": {}}
     for split, result in results.items():
         result.update(model=model, model_run_id=card.get("run_id"), transport=transport_name)
+        result.setdefault("positive_class", card_positive_class(card))
         store.record_evaluation(run_id, split, result)
         summary["auc"][split] = {
             site: [labels[name]["auc"] for name in result["label_names"]]
@@ -268,7 +270,7 @@ def record_local(
     """Record ``evaluate_model``'s ``results`` (one split of the data ``sites``, scored here) as
     an evaluation run with the rows the job records for the same model and sites: the sites'
     reports combined as the job combines them. Returns the run id."""
-    from fed_auc.data.cards import site_summary
+    from fed_auc.data.cards import data_record, site_summary
     from fed_auc.run import fail_run, git_revision
 
     model = str(Path(model).resolve())
@@ -282,11 +284,13 @@ def record_local(
     job = {"model": model, "splits": [split], "bootstrap": request.bootstrap,
            "seed": request.seed, "out": str(Path(files["json"]).parent.resolve())}  # fmt: skip
     with RunStore(runs_dir) as store:
+        summaries = {name: site_summary(d) for name, d in sites.items()}
+        record = data_record(list(summaries.values()), site_files=True)  # what it scored
         run_id = store.create_run(
-            "evaluate", {"evaluation": job, "transport": "local"}, git_revision()
+            "evaluate", {"evaluation": job, "transport": "local", **record}, git_revision()
         )
         try:
-            store.record_sites(run_id, {name: site_summary(d) for name, d in sites.items()})
+            store.record_sites(run_id, summaries)
             store.add_event(run_id, f"evaluation job of {model} at {list(sites)}; "
                             f"not trained on: {held_out}")  # fmt: skip
             combined = {split: combine(answers, request, split, held_out)}

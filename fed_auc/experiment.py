@@ -18,7 +18,7 @@ from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.algorithms.base import DUAL_LR_PREVALENCE, validate_positive
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
-from fed_auc.data.labels import validate_positive_label
+from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
@@ -47,6 +47,7 @@ SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
     "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
     "aspect",
+    "positive_class",
 )  # fmt: skip
 
 
@@ -112,6 +113,9 @@ class ExperimentConfig:
     # 0 for BreastMNIST, whose 1 is normal/benign and 0 malignant (fed_auc.data.labels).
     positive_label: int | None = None
     aspect: str = "pad"  # non-square image files: pad / crop / stretch (fed_auc.data.images)
+    # Its name in the cards, evaluation files and dashboard, e.g. "malignant" (None: derived,
+    # "label == 0" or the label column's name; fed_auc.data.labels.positive_classes).
+    positive_class: str | None = None
     # Training tricks for small real data: K rounds of fedavg + cross-entropy first (the
     # min-max backend starts from that model), and export the round with the best pooled
     # validation AUC ("best_val") rather than the last one ("last"), or the mean of the K
@@ -245,6 +249,12 @@ class ExperimentConfig:
         _choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
         _choice("aspect", self.aspect, ["pad", "crop", "stretch"])
         validate_positive_label(self.positive_label)
+        validate_positive_class(self.positive_class)
+        if synthetic and self.positive_class is not None:
+            raise ValueError(
+                f"positive_class {self.positive_class!r} names a file source's positive class; "
+                "the synthetic federation's positives are its findings"
+            )
         if synthetic and self.positive_label is not None:
             raise ValueError(
                 f"positive_label {self.positive_label!r} applies to file sources (--data "
@@ -613,4 +623,14 @@ def _at_least(name: str, value: Any, low: int, high: int | None = None) -> None:
 def recorded_config(recorded: dict[str, Any], runs_dir: str | Path) -> ExperimentConfig:
     """The config a run was recorded with; options added to fed-auc since then take the value
     that reproduces how it trained (a run recorded before the negative floor had none)."""
+    recorded = dict(recorded)
+    # What the run recorded about its data (fed_auc.data.cards.data_record) describes what it
+    # ran on, not options: the sites' data, their number and site files come from the nodes
+    # over Flower, from the site files in-process.
+    recorded.pop("site_data", None)
+    if recorded.get("transport") == "flower":
+        for key in ("data", "sites", "site_files"):
+            recorded.pop(key, None)
+    elif recorded.get("site_files"):
+        recorded.pop("data", None)
     return ExperimentConfig(**{"min_neg_fraction": 0.0, **recorded, "runs_dir": str(runs_dir)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fed_auc.data.labels import positive_class_text
 from fed_auc.io import save_json, save_text, save_torch
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors
 
@@ -62,6 +63,8 @@ def render_card(card: dict[str, Any]) -> str:
         f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
         f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}; test-time augmentation "
         f"`{card.get('tta', 'none')}`",
+        f"- Positive class: {positive_class_text(card.get('positive_class'))} (every AUC, "
+        "sensitivity and threshold on this card is for it)",
         f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
         f"{_fmt(card['initial_auc'])}); "
         f"worst site: {_fmt(card['worst_site_auc'])}",

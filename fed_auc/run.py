@@ -19,6 +19,7 @@ import torch
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator import Coordinator
+from fed_auc.data.labels import federation_positive_class
 from fed_auc.evaluate import youden_threshold
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.export import export_model
@@ -57,6 +58,7 @@ def warm_start(
     transport_for: Callable[[str, Any], Any],
     pooled_scoring: bool = True,
     personal: Collection[str] = (),
+    record: dict[str, Any] | None = None,
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
@@ -71,7 +73,8 @@ def warm_start(
     warm_model.load_state_dict(model.state_dict())
     num_labels = model.num_labels
     server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
-    warm_id = store.create_run("fedavg", {**options, "warmup_for": run_id}, git_revision())
+    recorded = {**options, **(record or {}), "warmup_for": run_id}  # record: data_record
+    warm_id = store.create_run("fedavg", recorded, git_revision())
     coordinator = Coordinator(
         backend,
         transport_for(warm_id, hyperparameters),
@@ -444,6 +447,8 @@ def model_card(
         "image_size": config.image_size,
         "tta": config.test_time_augmentation(),
         "label_names": cards[0]["label_names"],
+        # the class every AUC, sensitivity and threshold of this card is about
+        "positive_class": federation_positive_class(cards),
         "hyperparameters": hyperparameters,
         "global_auc": _number(selected["global_auc"]),
         "global_val_auc": _number(selected["global_val_auc"]),

@@ -16,7 +16,7 @@ import torch
 
 from fed_auc.coordinator import Coordinator
 from fed_auc.data.base import SiteData, common_label_count
-from fed_auc.data.cards import data_card, site_summary
+from fed_auc.data.cards import data_card, data_record, site_summary
 from fed_auc.data.spec import load_sites
 from fed_auc.experiment import ExperimentConfig, recorded_config
 from fed_auc.holdout import check_hold_out, evaluate_export
@@ -86,6 +86,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         skip_bad_images=config.skip_bad_images,
         positive_label=config.positive_label,
         aspect=config.aspect,
+        positive_class=config.positive_class,
     )
     budgets = config.memory_budgets()
     return [InProcessSite(s, i, b) for i, (s, b) in enumerate(zip(sites, budgets, strict=True))], (
@@ -114,9 +115,11 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
     server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
     store = RunStore(config.runs_dir)
+    # what the run really runs on (as a Flower run on the same site files records it)
+    record = data_record([data_card(s) for s in data], config.site_files is not None)
     resuming = run_id is not None
     if run_id is None:
-        run_id = store.create_run(config.algorithm, config.to_dict(), git_revision())
+        run_id = store.create_run(config.algorithm, {**config.to_dict(), **record}, git_revision())
     run_dir = Path(config.runs_dir) / run_id
     setup = config.node_setup(run_id, model.config(), num_labels, len(sites))
     personalization = setup.personalization()
@@ -132,7 +135,9 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
                 return LocalTransport(_nodes(warm, sites, run_dir / "warmup"))
 
             server.load(
-                warm_start(config, model, store, run_id, run_dir, warm_transport, True, personal)
+                warm_start(
+                    config, model, store, run_id, run_dir, warm_transport, True, personal, record
+                )  # fmt: skip
             )
         fixed = {s.data.name: s.local_steps for s in sites if s.local_steps is not None}
         coordinator = start_coordinator(

@@ -17,6 +17,8 @@ skip_bad_images = false
 split_seed = 0                  # seeds the patient-disjoint split when there is no split column
 positive_label = 0              # optional: the file's label value that is positive (default 1)
 aspect = "pad"                  # non-square images: pad (default), crop or stretch
+positive_class = "malignant"    # optional: its name in cards, evaluations and the dashboard
+                                # (default: the label column's name, or "label == 0")
 
 [node]
 state_dir = "nodes/north"       # local state per run; relative to this file
@@ -42,7 +44,7 @@ from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.images import validate_aspect
-from fed_auc.data.labels import validate_positive_label
+from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.partial import parse_budget
@@ -51,6 +53,7 @@ from fed_auc.tta import TTA_MODES
 DATA_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
     "aspect",
+    "positive_class",
 )  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta",
@@ -259,6 +262,7 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
     try:
         validate_aspect(table.get("aspect", "pad"), "[data] aspect")
         validate_positive_label(table.get("positive_label"), "[data] positive_label")
+        validate_positive_class(table.get("positive_class"), "[data] positive_class")
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     seed = table.get("split_seed", 0)

@@ -101,7 +101,8 @@ def card(site: str, intensity: bool = True) -> dict:
     split = {"n": 100, "positives": [10 + 5 * index]}
     if intensity:
         split |= {"intensity_mean": 0.3 + 0.05 * index, "intensity_std": 0.2 - 0.01 * index}
-    return {"label_names": ["finding"], "train": split, "source": "synthetic"}
+    return {"label_names": ["finding"], "positive_class": ["finding present"], "site": site,
+            "train": split, "source": "synthetic"}  # fmt: skip
 
 
 def fill(runs_dir: Path) -> dict[str, str]:

@@ -37,6 +37,7 @@ def body(data: RunData) -> None:
             "data source": run.run["data_source"],
             "transport": run.run["transport"],
             "sites": int(run.run["n_sites"]),
+            "positive class": common.positive_class_text(run),
             **(run.run["config"] or {}),
         }
     table = pd.concat(frames, ignore_index=True)

@@ -17,6 +17,7 @@ COLOURS = alt.Scale(
 
 def body(run_id: str) -> None:
     st.title("Evaluations")
+    st.caption(f"Positive class: {common.positive_class_text(common.load_run(run_id))}")
     table = jobs(common.runs_dir(), run_id)
     if table.empty:
         st.info(

@@ -41,6 +41,8 @@ def body(data: RunData) -> None:
     table = operating_table(with_pooled(bins), threshold)
     st.caption(
         f"{choice.caption}; pooled = all {len(bins)} scored sites' test images together. "
+        f"Positive class: {common.positive_class_text(data)}: sensitivity is the share of its "
+        "images called positive, specificity the share of the others called negative. "
         f"The model card's threshold {threshold:.3f} ({choice.threshold_note}); positive if "
         "score ≥ threshold. "
         "95 % CIs: Wilson score intervals. Sensitivity at 90 % / 95 % specificity: the highest "

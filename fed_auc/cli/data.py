@@ -25,6 +25,11 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         help="label value of the file that is the positive class, every other value negative "
         "(default: 1); e.g. 0 for BreastMNIST's malignant class",
     )
+    p.add_argument(
+        "--positive-class",
+        help="the positive class's name in cards, evaluations and the dashboard, e.g. malignant "
+        "(default: derived, 'label == V' or the finding column's name)",
+    )
     p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
     p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
     p.add_argument(
@@ -64,6 +69,7 @@ def data_options(args: argparse.Namespace) -> dict[str, Any]:
         "skip_bad_images": bool(args.skip_bad_images),
         "positive_label": args.positive_label,
         "aspect": args.aspect or "pad",
+        "positive_class": getattr(args, "positive_class", None),
     }
 
 

@@ -168,6 +168,7 @@ def evaluate_data(args: argparse.Namespace) -> None:
 
             options = data_options(args)
             options.pop("feature_shift")
+            options.pop("positive_class")  # the pool's name comes from the model's card
             pool = load_pool(parse_data_spec(data), size, **options)
             try:
                 manifest = json.loads(args.manifest.read_text())

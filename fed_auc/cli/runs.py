@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fed_auc.cli.text import fmt
+from fed_auc.headline import headline, headline_text
 
 
 def add_runs_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,15 +31,22 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         runs = store.runs()
         rows = []
         for run in runs.itertuples():
-            rounds = store.rounds(run.id)
+            rounds = store.rounds(run.id).sort_values("round")
+            last = int(rounds["round"].max()) if len(rounds) else 0
+            last_auc = _number(rounds["global_auc"].iloc[-1]) if len(rounds) else None
+            summary = run.summary if isinstance(run.summary, dict) else None
+            if isinstance(run.summary, str):
+                summary = json.loads(run.summary)
             rows.append(
                 {
                     "run_id": run.id,
                     "algorithm": run.algorithm,
                     "status": run.status,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
-                    "rounds": int(rounds["round"].max()) if len(rounds) else 0,
-                    "global_auc": _number(rounds["global_auc"].iloc[-1]) if len(rounds) else None,
+                    "rounds": last,
+                    # the headline: the exported model's AUC (its model card's), else the last
+                    # round's; both named (fed_auc.headline)
+                    **headline(summary, last if len(rounds) else None, last_auc),
                 }
             )
     if as_json:
@@ -50,7 +57,7 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
     for r in rows:
         print(
             f"{r['run_id']}  {r['algorithm']:<11} {r['status']:<10} {r['started']}  "
-            f"rounds {r['rounds']:<4} AUC {fmt(r['global_auc'])}"
+            f"rounds {r['rounds']:<4} {headline_text(r)}"
         )
 
 

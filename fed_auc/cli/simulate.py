@@ -85,11 +85,13 @@ def simulate(
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
+        from fed_auc.headline import summary_headline
+
         aucs = summary["global_auc"]
         print(
-            f"run {summary['run_id']}: pooled test AUC {fmt(aucs[0])} (round 0) → "
-            f"{fmt(aucs[-1])} (round {len(aucs) - 1}); "
-            f"worst site {fmt(summary['worst_site_auc'][-1])}"
+            f"run {summary['run_id']}: pooled test AUC: {summary_headline(summary)} "
+            f"(round 0: {fmt(aucs[0])}); worst site at the last round "
+            f"{fmt(summary['worst_site_auc'][-1])}"
         )
         print(f"model and model card: {Path(summary['model_path']).parent}")
     return summary

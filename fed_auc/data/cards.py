@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.labels import positive_class_text, positive_classes
 from fed_auc.data.pool import SPLITS
 from fed_auc.io import save_json, save_text
 
@@ -54,6 +55,11 @@ def data_card(site: SiteData) -> dict[str, Any]:
         "source": meta.pop("source", "unknown"),
         "license": meta.pop("license", "see the source dataset"),
         "label_names": list(site.label_names),
+        # what every AUC and sensitivity of this site is about (fed_auc.data.labels)
+        "positive_class": meta.pop("positive_class", None) or positive_classes(site.label_names),
+        # a site file's data spec and the SHA-256 of its data file (None: generated/partitioned)
+        "data_spec": meta.pop("data_spec", None),
+        "sha256": meta.pop("data_sha256", None),
         "image_size": list(site.train.images.shape[-2:]),
         "patients": meta.pop("patients", None),
         "skipped_images": meta.pop("skipped_images", 0),
@@ -100,6 +106,9 @@ def render_card(card: dict[str, Any]) -> str:
         f"# Data card — {card['site']}",
         "",
         f"- Source: `{card['source']}`",
+        *([f"- Data file SHA-256: `{card['sha256']}`"] if card.get("sha256") else []),
+        f'- Positive class: {positive_class_text(card.get("positive_class"))} (the "positives" '
+        "and prevalence below count it)",
         f"- License: {card['license']}",
         f"- Image size: {card['image_size'][0]}×{card['image_size'][1]} px, 1 channel, "
         "intensities in [0, 1]",
@@ -166,6 +175,33 @@ def _image_lines(images: dict[str, Any]) -> list[str]:
 
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
+
+
+def data_record(cards: list[dict[str, Any]], site_files: bool) -> dict[str, Any]:
+    """What a run really ran on, for its recorded config: the number of sites that took part,
+    each site's data spec, data-file SHA-256 and positive class, and for site files (always
+    over Flower) ``data = "site files"`` with the site files' paths as the sites reported them.
+    In-process and Flower runs on the same site files record the same values."""
+    record: dict[str, Any] = {
+        "sites": len(cards),
+        "site_data": {
+            c["site"]: {
+                "spec": c.get("data_spec") or c.get("source"),
+                "sha256": c.get("sha256"),
+                "positive_class": c.get("positive_class"),
+            }
+            for c in cards
+        },
+    }
+    if site_files:
+        record["data"] = SITE_FILES
+        paths = [(c.get("details") or {}).get("site_file") or c.get("site_file") for c in cards]
+        record["site_files"] = paths if all(paths) else None
+    return record
+
+
+SITE_FILES = "site files"  # the recorded ``data`` of a run whose sites are site files
+RECORD_ONLY = ("site_data",)  # recorded config keys that are no experiment option
 
 
 def site_summary(site: SiteData) -> dict[str, Any]:

@@ -9,6 +9,7 @@ negative, so a multi-class MedMNIST column becomes one-vs-rest. Unknown (NaN) st
 
 from __future__ import annotations
 
+import re
 from numbers import Integral
 
 import numpy as np
@@ -63,3 +64,79 @@ def positive_note(positive_label: int) -> str:
         f"label value {positive_label} of the file is the positive class; every other value "
         "is negative"
     )
+
+
+# -- naming the positive class -------------------------------------------------------------
+# Every AUC, sensitivity, ROC curve and operating point is "for" the positive class, so the
+# cards, evaluation files and dashboard name it. A site file (``[data] positive_class``) or an
+# experiment (``positive_class``) names it, e.g. "malignant"; without a name it is derived:
+# a file's finding column is its own name (CheXpert's "Cardiomegaly"); a generic column
+# ("label", "label0", …) reads "label == V", V the value that is positive (``positive_label``,
+# else 1); with ``positive_label`` a finding column reads "Cardiomegaly == V".
+GENERIC_LABEL = re.compile(r"label\d*")
+
+
+def validate_positive_class(value: object, where: str = "positive_class") -> list[str] | None:
+    """``value`` (a name, or one name per label) as a list of names; None when not given."""
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        raise ValueError(
+            f"{where} must name the positive class (e.g. 'malignant'), or give one name per "
+            f"label, got {value!r}"
+        )
+    return [n.strip() for n in names]
+
+
+def positive_classes(
+    label_names: list[str], positive_label: int | None = None, given: object = None
+) -> list[str]:
+    """One name per label for the class the numbers are about (see above)."""
+    named = validate_positive_class(given)
+    if named is not None:
+        if len(named) != len(label_names):
+            raise ValueError(
+                f"positive_class {given!r} names {len(named)} class(es); the data has "
+                f"{len(label_names)} label(s) {list(label_names)}"
+            )
+        return named
+    value = 1 if positive_label is None else positive_label
+    return [
+        f"{name} == {value}"
+        if GENERIC_LABEL.fullmatch(name) or positive_label is not None
+        else name
+        for name in label_names
+    ]
+
+
+def positive_class_text(names: list[str] | None) -> str:
+    """``malignant``, or ``Cardiomegaly, Edema`` for several labels; "not recorded" if None."""
+    if not names:
+        return "not recorded (the files' label value 1)"
+    return ", ".join(names)
+
+
+def federation_positive_class(cards: list[dict]) -> list[str] | None:
+    """The positive class of a federation from its sites' data cards, per label: the sites'
+    common name, or every site's own name where they differ (``a (north) / b (south)``)."""
+    per_site = [(c.get("site"), c.get("positive_class")) for c in cards if c.get("positive_class")]
+    if not per_site:
+        return None
+    width = max(len(names) for _, names in per_site)
+    out = []
+    for j in range(width):
+        seen: dict[str, list[str]] = {}
+        for site, names in per_site:
+            if j < len(names):
+                seen.setdefault(names[j], []).append(str(site))
+        out.append(
+            next(iter(seen))
+            if len(seen) == 1
+            else " / ".join(f"{n} ({', '.join(s)})" for n, s in seen.items())
+        )
+    return out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.labels import positive_classes
 from fed_auc.data.pool import ImagePool
 
 KINDS = ("synthetic", "medmnist", "csv")
@@ -95,6 +97,7 @@ def load_sites(
     skip_bad_images: bool = False,
     positive_label: int | None = None,
     aspect: str = "pad",
+    positive_class: str | list[str] | None = None,
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
     the fixed hospital profiles)."""
@@ -130,14 +133,28 @@ def load_sites(
         positive_label=positive_label,
         aspect=aspect,
     )
-    return partition_pool(
+    sites_out, manifest = partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
     )
+    named = positive_classes(pool.label_names, positive_label, positive_class)
+    for site in sites_out:
+        site.meta["positive_class"] = named
+    return sites_out, manifest
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
     "aspect",
+    "positive_class",
 )  # fmt: skip
 
 
@@ -188,6 +205,15 @@ def site_from_config(
     # come from instead of "partition: iid".
     for key in ("partition", "seed", "feature_shift", "removed_for_imratio"):
         site.meta.pop(key, None)
+    # what the site really holds: its spec and the content hash of its data file (the .npz, or
+    # the CSV; not the images a CSV names), so runs on the same files are seen to be on them
+    site.meta["data_spec"] = str(table["spec"]) + (
+        f" (site {table['site']})" if "site" in table else ""
+    )
+    site.meta["data_sha256"] = file_sha256(spec.path)
+    site.meta["positive_class"] = positive_classes(
+        site.label_names, table.get("positive_label"), table.get("positive_class")
+    )
     site.meta["splits"] = (
         "the file's own splits"
         if pool.split is not None

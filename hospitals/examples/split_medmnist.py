@@ -96,7 +96,37 @@ def assign(
     return out
 
 
-def site_toml(name: str, index: int, source: str) -> str:
+# Files whose label 1 is not the finding of interest: the positive class the walkthrough
+# trains for unless --positive-label/--positive-class say otherwise. BreastMNIST: 0 =
+# malignant, 1 = normal or benign (MedMNIST v2), so without this the federation would learn
+# to find *benign* images and every sensitivity would be about them.
+KNOWN_POSITIVE = {"breastmnist": (0, "malignant")}
+
+
+def known_positive(path: Path) -> tuple[int | None, str | None]:
+    """(positive_label, positive_class) for a file named like a known MedMNIST set."""
+    stem = path.name.lower()
+    for key, value in KNOWN_POSITIVE.items():
+        if stem.startswith(key):
+            return value
+    return None, None
+
+
+def site_toml(
+    name: str,
+    index: int,
+    source: str,
+    positive_label: int | None = None,
+    positive_class: str | None = None,
+) -> str:
+    positive = ""
+    if positive_label is not None:
+        positive += (
+            "# The file's label value that is the positive class (AUC, sensitivity, ROC).\n"
+            f"positive_label = {positive_label}\n"
+        )
+    if positive_class is not None:
+        positive += f'positive_class = "{positive_class}"\n'
     return (
         f"# Site {name!r}: rows of {source}, written by hospitals/examples/split_medmnist.py.\n"
         '# Field reference: hospitals/README.md ("Bring your own images").\n'
@@ -105,6 +135,7 @@ def site_toml(name: str, index: int, source: str) -> str:
         "[data]\n"
         "# Relative to this file; the .npz keeps its own train/val/test splits.\n"
         f'spec = "medmnist:{name}.npz"\n'
+        f"{positive}"
         "\n"
         "[node]\n"
         "# Local state per run and the SuperNode log (relative to this file).\n"
@@ -131,6 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         help="label skew: each class spread by Dirichlet(ALPHA) proportions (default: stratified)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the split (0)")
+    parser.add_argument(
+        "--positive-label",
+        type=int,
+        help="the file's label value that is the positive class (default: 0 for BreastMNIST, "
+        "whose 0 is malignant; else the file's 1)",
+    )
+    parser.add_argument(
+        "--positive-class",
+        help="its name in cards, evaluations and the dashboard (default: 'malignant' for "
+        "BreastMNIST; else derived, e.g. 'label == 1')",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
     args = parser.parse_args(argv)
 
@@ -149,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dirichlet is not None and not args.dirichlet > 0:
         parser.error(f"--dirichlet {args.dirichlet}: ALPHA must be > 0")
 
+    known_label, known_class = known_positive(args.npz)
+    positive_label = args.positive_label if args.positive_label is not None else known_label
+    positive_class = args.positive_class
+    if positive_class is None and args.positive_label in (None, known_label):
+        positive_class = known_class
+    if positive_label is not None and positive_label < 0:
+        parser.error(f"--positive-label {positive_label}: a label value ≥ 0")
+
     arrays = read_npz(args.npz)
     targets = [args.out / f"{n}.{ext}" for n in names for ext in ("npz", "toml")]
     existing = [str(t) for t in targets if t.exists()]
@@ -158,11 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     classes = {s: first_label(arrays[f"{s}_labels"]) for s in SPLITS}
     sites = assign(classes, count, args.dirichlet, rng)
+    positives = {  # what the printout counts: the positive class's images
+        s: classes[s]
+        if positive_label is None
+        else (arrays[f"{s}_labels"].reshape(len(classes[s]), -1)[:, 0] == positive_label).astype(
+            int
+        )
+        for s in SPLITS
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {
         "source": str(args.npz),
         "seed": args.seed,
         "dirichlet": args.dirichlet,
+        "positive_label": positive_label,
+        "positive_class": positive_class,
         "sites": {},
     }
     print(f"{'site':<10} " + "  ".join(f"{s + ' n/pos':>14}" for s in SPLITS))
@@ -174,11 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             site_arrays[f"{s}_images"] = arrays[f"{s}_images"][rows[s]]
             site_arrays[f"{s}_labels"] = arrays[f"{s}_labels"][rows[s]]
         np.savez_compressed(args.out / f"{name}.npz", **site_arrays)
-        (args.out / f"{name}.toml").write_text(site_toml(name, index, args.npz.name))
+        (args.out / f"{name}.toml").write_text(
+            site_toml(name, index, args.npz.name, positive_label, positive_class)
+        )
         manifest["sites"][name] = {s: rows[s].tolist() for s in SPLITS}
         cells = []
         for s in SPLITS:
-            n, pos = len(rows[s]), int(classes[s][rows[s]].sum())
+            n, pos = len(rows[s]), int(positives[s][rows[s]].sum())
             cells.append(f"{f'{n}/{pos}':>14}")
             if s != "train" and (pos == 0 or pos == n):
                 warnings.append(f"site {name}: its {s} split has one class ({pos} of {n})")
@@ -187,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<10} " + "  ".join(cells))
     (args.out / "split.json").write_text(json.dumps(manifest) + "\n")
     print(f"wrote {count} sites to {args.out}: <name>.npz, <name>.toml, split.json")
+    if positive_label is not None or positive_class is not None:
+        shown = positive_class or f"label == {positive_label}"
+        value = 1 if positive_label is None else positive_label
+        print(f"positive class: {shown} (label value {value} of the file; 'pos' counts it)")
     for warning in warnings:
         print(
             f"warning: {warning}: `fed-auc node --check` will refuse it (AUC undefined); "

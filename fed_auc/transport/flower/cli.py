@@ -150,7 +150,9 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"run {summary['run_id']} completed; final pooled AUC {summary['global_auc'][-1]}")
+        from fed_auc.headline import summary_headline
+
+        print(f"run {summary['run_id']} completed; pooled test AUC: {summary_headline(summary)}")
     return summary
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fed_auc.data.cards import data_record
 from fed_auc.evaluation_job import model_request, record_and_write, run_job, trained_sites
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.run import fail_run
@@ -54,6 +55,10 @@ def run_evaluation(
         log(f"evaluation {run_id}: waiting for {settings.expected_sites} site(s)")
         sites = list(transport.register())
         store.record_sites(run_id, transport.summaries)
+        # what the job really scored: the registered sites' data (data_record)
+        summaries = [transport.summaries[s] for s in sites]
+        recorded = store.run(run_id)["config"]
+        store.update_config(run_id, {**recorded, **data_record(summaries, site_files=True)})
         held_out = [s for s in sites if s not in trained_sites(card)]
         store.add_event(run_id, f"evaluation job of {job['model']} at {sites}; "
                         f"not trained on: {held_out}")  # fmt: skip

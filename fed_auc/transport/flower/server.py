@@ -17,6 +17,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fed_auc.data.base import common_label_count
+from fed_auc.data.cards import data_record
 from fed_auc.experiment import ExperimentConfig
 from fed_auc.holdout import TrainingSites, evaluate_export
 from fed_auc.losses import build_loss
@@ -72,7 +73,10 @@ def run_experiment(
         server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
         setup = config.node_setup(run_id, model.config(), num_labels, settings.expected_sites)
         transport.use(setup)
-        store.update_config(run_id, {**config.to_dict(), "flower": asdict(settings)})
+        # what the run really ran on: the registered sites' data (not the experiment's unused
+        # data/sites defaults), as run_simulation records it for the same site files
+        record = data_record([transport.summaries[s] for s in sites], site_files=True)
+        store.update_config(run_id, {**config.to_dict(), **record, "flower": asdict(settings)})
         started = resume and not store.rounds(run_id).empty
         personalization = setup.personalization()
         personal = personalization.personal_names(server.names()) if personalization else ()
@@ -83,7 +87,7 @@ def run_experiment(
 
             tensors = warm_start(
                 config, model, store, run_id, run_dir, warm_transport,
-                settings.pooled_scoring, personal,
+                settings.pooled_scoring, personal, record,
             )  # fmt: skip
             server.load(tensors)
             transport.use(setup)
