@@ -46,8 +46,7 @@ PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
     "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
-    "aspect",
-    "positive_class",
+    "aspect", "positive_class",
 )  # fmt: skip
 
 

@@ -52,8 +52,7 @@ from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect",
-    "positive_class",
+    "aspect", "positive_class",
 )  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta",

@@ -360,6 +360,7 @@ SIMULATED_LINES = {
     "site_files": "site_files = ['a.toml']",
     "positive_label": "positive_label = 0",
     "aspect": "aspect = 'crop'",
+    "positive_class": "positive_class = 'malignant'",
 }
 
 

@@ -153,8 +153,7 @@ def file_sha256(path: str | Path) -> str:
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect",
-    "positive_class",
+    "aspect", "positive_class",
 )  # fmt: skip
 
 
