@@ -28,13 +28,18 @@ from fed_auc.site import SiteDefinition
 from fed_auc.store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
+from fed_auc.transport.flower.node_watch import (
+    REFUSED,
+    SupernodeWatch,
+    lock_state_dir,
+    unlock_state_dir,
+)
 from fed_auc.transport.flower.transport import FlowerSettings
 from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
 PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
-REFUSED = "401 Unauthorized"  # in a SuperNode's log: the SuperLink does not know it
 STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
 
 APP_PYPROJECT = """\
@@ -106,14 +111,23 @@ def _kill_group(pid: int) -> None:
 
 
 def _wait_or_unstick(
-    supernode: subprocess.Popen, log_path: Path, start: int, stopping: threading.Event
+    supernode: subprocess.Popen,
+    log_path: Path,
+    start: int,
+    stopping: threading.Event,
+    watch: SupernodeWatch | None = None,
+    echo=print,
 ) -> None:
-    """Wait for the SuperNode to exit. One that a new SuperLink refused (401: e.g. after the
-    coordinator restarted) exits by itself, but Flower's exit handler can hang in it; such a
-    SuperNode is killed after ``STUCK_AFTER_S`` so that a fresh one reconnects."""
+    """Wait for the SuperNode to exit, telling ``echo`` what its log says (``watch``). One
+    that a new SuperLink refused (401: e.g. after the coordinator restarted) exits by itself,
+    but Flower's exit handler can hang in it; such a SuperNode is killed after
+    ``STUCK_AFTER_S`` so that a fresh one reconnects."""
     refused_at = None
     while supernode.poll() is None and not stopping.is_set():
-        if refused_at is None and REFUSED in _read_from(log_path, start):
+        text = _read_from(log_path, start)
+        for line in watch.feed(text) if watch is not None else ():
+            echo(line)
+        if refused_at is None and REFUSED in text:
             refused_at = time.monotonic()
         if refused_at is not None and time.monotonic() - refused_at > STUCK_AFTER_S:
             try:
@@ -334,7 +348,7 @@ def run_node(
     data and model warm, executes its ClientApp tasks (``flower.executor``).
     """
     state_dir = site.state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_state_dir(state_dir)  # StateDirBusy: another node serves from it
     worker = NodeWorker(site, echo)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
     command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
@@ -349,6 +363,7 @@ def run_node(
     env = flower_env(state_dir / "flwr_home")
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
+    watch = SupernodeWatch(site.name, coordinator, root_certificates)
 
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""
@@ -365,14 +380,18 @@ def run_node(
                     preexec_fn=_die_with_parent,
                     start_new_session=True,
                 )
-            _wait_or_unstick(supernode, log_path, start, stopping)
+            _wait_or_unstick(supernode, log_path, start, stopping, watch, echo)
             if not stopping.is_set():
-                echo(f"{site.name}: SuperNode exited with {supernode.returncode}; restarting")
+                watch.feed(_read_from(log_path, start))
+                line = watch.exited(supernode.returncode, log_path)
+                if line:
+                    echo(line)
                 stopping.wait(RESTART_DELAY_S)
 
     threading.Thread(target=supervise, daemon=True).start()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
-    echo(f"{site.name}: node up (state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")
+    echo(f"{site.name}: node up, coordinator {coordinator} "
+         f"(state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")  # fmt: skip
     try:
         serve_tasks(f"127.0.0.1:{port}", worker.handle, site.name, stopping)
     except KeyboardInterrupt:
@@ -382,5 +401,6 @@ def run_node(
         if supernode is not None:
             _kill_group(supernode.pid)
             supernode.wait(timeout=30)
+        unlock_state_dir(lock)
     echo(f"{site.name}: node stopped")
     return 0
