@@ -104,6 +104,7 @@ class FlowerTransport:
         # site → content tags of the tensors its node holds (flower_codec.TensorCache), as its
         # last answer said; those travel as tags. Forgotten when the site fails or rejoins.
         self.held: dict[str, list[str]] = {}
+        self._refusals: set[str] = set()  # registration errors already shown
 
     @property
     def sites(self) -> list[str]:
@@ -257,7 +258,11 @@ class FlowerTransport:
             for n in new
         ]
         for reply in self._exchange(messages, timeout):
-            if reply.has_error():
+            if reply.has_error():  # e.g. a node that cannot take this setup: say it once
+                reason = reply.error.reason
+                if reason not in self._refusals:
+                    self._refusals.add(reason)
+                    self.log(f"a node refused to register: {reason}")
                 continue
             answer, _ = message_frame(reply.content)
             site, node = answer["site"], reply.metadata.src_node_id
