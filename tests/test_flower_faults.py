@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from fed_auc.cli import main  # noqa: E402
+from fed_auc.store import RunStore  # noqa: E402
 from fed_auc.transport.flower.node_watch import (  # noqa: E402
     StateDirBusy,
     SupernodeWatch,
@@ -27,6 +28,7 @@ from fed_auc.transport.flower.node_watch import (  # noqa: E402
     unlock_state_dir,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 ADDRESS = "10.1.2.3:9092"
 STARTED = "INFO :      Starting Flower SuperNode\nINFO :      FastAPI lifespan: startup\n"
 UNREACHABLE = (
@@ -192,3 +194,115 @@ def test_a_node_with_nothing_at_its_address_says_it_cannot_reach_it(tmp_path):
     assert "Traceback" not in text
     time.sleep(1)
     assert not [p for p in children if Path(f"/proc/{p}").exists()]
+
+
+# -- the coordinator ---------------------------------------------------------------------------
+def test_a_round_without_enough_replies_names_the_sites_that_missed():
+    from fed_auc.transport.base import NodeFailure
+    from fed_auc.transport.flower.transport import too_few_replies
+
+    answers = {
+        "site_a": ({"kind": "train"}, []),
+        "site_b": NodeFailure("site_b", "dropped", "no answer within 60 s"),
+        "site_c": NodeFailure("site_c", "error", "node site_c: OSError: disk full"),
+    }
+    assert too_few_replies(answers, 3) == (
+        "1 of 3 nodes replied (min_nodes 3); missed: site_b (no answer within 60 s); "
+        "site_c (node site_c: OSError: disk full)"
+    )
+
+
+def _coordinator(tmp_path: Path, register_timeout_s: float) -> tuple[subprocess.Popen, Path]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "experiment.toml"
+    config.write_text(
+        'rounds = 2\nlocal_steps = 2\nbatch_size = 8\nruns_dir = "runs"\n[flower]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\nexpected_sites = 1\n'
+        f"register_timeout_s = {register_timeout_s}\n"
+    )
+    log = tmp_path / "coordinator.log"
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": path}  # this checkout
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fed_auc.cli", "coordinator", "--config", str(config)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return process, log
+
+
+def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
+def _run(tmp_path: Path) -> dict:
+    with RunStore(tmp_path / "runs") as store:
+        return store.run(store.runs()["id"].iloc[0])
+
+
+@pytest.mark.slow
+def test_a_failed_flower_run_is_one_line_with_how_to_resume_and_no_traceback(tmp_path):
+    process, log = _coordinator(tmp_path, register_timeout_s=2)
+    try:
+        assert process.wait(timeout=300) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    run = _run(tmp_path)
+    assert run["status"] == "failed"
+    assert "Traceback" not in text
+    assert "only 0 site(s) joined within 2 s ([]); min_nodes = 1" in text
+    assert (
+        f"The run is saved; continue it with `fed-auc coordinator --resume {run['id']} "
+        f"--runs-dir {tmp_path / 'runs'}`"
+    ) in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_coordinator_stops_everything_it_started(tmp_path, stop):
+    process, log = _coordinator(tmp_path, register_timeout_s=300)
+    children: list[int] = []
+    try:
+        _wait_for(log, "waiting for 1 site(s)", process)  # the ServerApp runs
+        children = _children(process.pid)
+        assert len(children) >= 3  # the SuperLink, its SuperExec, the ServerApp, `flwr run`
+        process.send_signal(stop)
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while [p for p in children if _running(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in children if _running(p)], log.read_text()
+    finally:
+        for pid in [process.pid, *children]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.wait()
+    run = _run(tmp_path)
+    # resumable either way; SIGKILL leaves no one to mark it failed (as for `simulate`)
+    assert run["status"] == ("failed" if stop == signal.SIGTERM else "running")
+    if stop == signal.SIGTERM:
+        assert process.returncode == 130
+        assert f"continue it with `fed-auc coordinator --resume {run['id']}" in log.read_text()
+        assert "Traceback" not in log.read_text()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False

@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import Any
 
 
+class CoordinatorFailed(RuntimeError):
+    """A Flower run that failed: one line for the console (what failed, how to go on)."""
+
+
+class CoordinatorStopped(KeyboardInterrupt):
+    """``fed-auc coordinator`` stopped by Ctrl-C or SIGTERM, everything it started with it."""
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
     c.add_argument("--config", type=Path, help="experiment TOML with [flower]")

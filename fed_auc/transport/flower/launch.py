@@ -27,6 +27,7 @@ from fed_auc.run import git_revision
 from fed_auc.site import SiteDefinition
 from fed_auc.store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
+from fed_auc.transport.flower.cli import CoordinatorFailed, CoordinatorStopped
 from fed_auc.transport.flower.executor import serve_tasks
 from fed_auc.transport.flower.node_watch import (
     REFUSED,
@@ -41,6 +42,7 @@ CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
 PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
 STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
+STOP_GRACE_S = 15.0  # how long the coordinator's processes get to stop before SIGKILL
 
 APP_PYPROJECT = """\
 # Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
@@ -140,6 +142,63 @@ def _wait_or_unstick(
     supernode.wait()
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (Linux ``/proc``; elsewhere none)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parents[int(entry.name)] = int(ppid)
+    found, todo = [], [pid]
+    while todo:
+        children = [child for child, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found += children
+        todo += children
+    return found
+
+
+def stop_tree(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop ``process`` and everything it started, whatever session they moved to.
+
+    The SuperLink starts its SuperExec in a session of its own and the SuperExec the
+    ServerApp: stopping the SuperLink alone can leave them running the federation headless.
+    They are found (before their parent goes) and get SIGTERM, then SIGKILL after ``grace_s``.
+    """
+    below = descendants(process.pid)
+    process.terminate()
+    deadline = time.monotonic() + grace_s
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        left = [pid for pid in below if _alive(pid)]
+        for pid in left:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in left if _alive(pid)]
+        if not left:
+            return
+        deadline = time.monotonic() + grace_s
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie does not: it only waits for its parent)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _read_from(path: Path, offset: int) -> str:
     try:
         with open(path, "rb") as log:
@@ -184,19 +243,37 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
     work_dir = work_dir.resolve()
     summary_file = work_dir / "summary.json"
     summary_file.unlink(missing_ok=True)
+    hint = _resume_hint(experiment)
     try:
         _serve(experiment, settings, work_dir, summary_file, echo)
-    except BaseException as exc:
+    except KeyboardInterrupt as exc:
         _mark_stopped(runs_dir, run_id, exc)
-        raise
+        raise CoordinatorStopped(f"stopped; run {run_id} is marked failed{hint}") from None
+    except Exception as exc:
+        _mark_stopped(runs_dir, run_id, exc)
+        raise CoordinatorFailed(f"run {run_id} failed: {exc}{hint}") from exc
     if not summary_file.exists():
         error = RuntimeError(
             f"the Flower run ended without a result; see {work_dir / 'superlink.log'} "
             "and the run's events in the store"
         )
         _mark_stopped(runs_dir, run_id, error)
-        raise error
-    return json.loads(summary_file.read_text())
+        raise CoordinatorFailed(f"run {run_id} failed: {error}{hint}")
+    summary = json.loads(summary_file.read_text())
+    if "error" in summary:  # the ServerApp's failure, recorded in the store already
+        _mark_stopped(runs_dir, run_id, RuntimeError(summary["error"]))
+        raise CoordinatorFailed(f"{summary['error']}{hint}")
+    return summary
+
+
+def _resume_hint(experiment: dict[str, Any]) -> str:
+    if "evaluation" in experiment:  # an evaluation job starts again from the start
+        return ". Nothing was exported; run the evaluation again"
+    run_id, runs_dir = experiment["run_id"], experiment["experiment"]["runs_dir"]
+    return (
+        f". The run is saved; continue it with "
+        f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`"
+    )
 
 
 def _create_run(experiment: dict[str, Any]) -> str:
@@ -254,8 +331,10 @@ def _serve(
     progress_file.write_text("")
     files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
     experiment_file.write_text(json.dumps({**experiment, **files}))
-    with open(work_dir / "superlink.log", "ab") as log:
-        superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(work_dir / "superlink.log", "ab") as log:  # it dies with us, even by SIGKILL
+        superlink = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
     try:
         wait_for_port(_reachable(settings.address), 60, superlink)
         if certs is not None:
@@ -265,7 +344,12 @@ def _serve(
         overrides = f'experiment-file="{experiment_file}"'
         run = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config", overrides]
         stream = subprocess.Popen(
-            run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            run,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=_die_with_parent,
         )
         done = threading.Event()
         follower = threading.Thread(target=_follow, args=(progress_file, echo, done))
@@ -281,8 +365,7 @@ def _serve(
         if stream.wait() != 0:
             raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
     finally:
-        superlink.terminate()
-        superlink.wait(timeout=30)
+        stop_tree(superlink)
 
 
 def _follow(path: Path, echo, done: threading.Event) -> None:

@@ -240,10 +240,7 @@ class FlowerTransport:
                     self.event(site, "info", f"site {site} rejoined after {away:.1f} s away")
         done = sum(not isinstance(a, NodeFailure) for a in answers.values())
         if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
-            raise FederationError(
-                f"{done} of {len(frames)} sites answered by the deadline; "
-                f"min_nodes = {self.settings.min_nodes}"
-            )
+            raise FederationError(too_few_replies(answers, self.settings.min_nodes))
         return {site: answers[site] for site in frames}
 
     def _discover(self, timeout: float) -> None:
@@ -298,6 +295,16 @@ class FlowerTransport:
             if pending and time.monotonic() < deadline:
                 time.sleep(PULL_INTERVAL_S)
         return replies
+
+
+def too_few_replies(answers: Mapping[str, Any], min_nodes: int) -> str:
+    """Why a phase cannot complete: how many nodes replied, and which sites missed and why."""
+    missed = {s: a for s, a in answers.items() if isinstance(a, NodeFailure)}
+    why = "; ".join(f"{site} ({failure.message})" for site, failure in missed.items())
+    return (
+        f"{len(answers) - len(missed)} of {len(answers)} nodes replied "
+        f"(min_nodes {min_nodes}); missed: {why}"
+    )
 
 
 def _secure_answer(frame: Frame) -> dict[str, Any]:
