@@ -306,3 +306,20 @@ def _running(pid: int) -> bool:
         return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
     except OSError:
         return False
+
+
+def test_the_coordinator_says_once_per_key_that_a_node_was_refused(tmp_path):
+    from fed_auc.transport.flower.launch import _key_refusals
+
+    line = (
+        "ERROR :     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode "
+        "with public key: b'-----BEGIN PUBLIC KEY-----\\nMHYwEAYHKoZI\\n-----END PUBLIC KEY-----"
+        "\\n', exception: No SuperNode found with the given public key.\n"
+    )
+    select = _key_refusals(["north.pub", "south.pub"], tmp_path / "keys")
+    said = select(line)
+    assert said.startswith("a node tried to join with a key that is not registered here")
+    assert "['north.pub', 'south.pub']" in said and str(tmp_path / "keys") in said
+    assert select(line) is None  # its retries are not repeated
+    assert select("INFO :      SuperLinkLifespan: start\n") is None
+    assert select(line.replace("MHYwEAYHKoZI", "OTHERKEY")) is not None  # another node's key

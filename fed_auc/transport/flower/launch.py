@@ -331,15 +331,26 @@ def _serve(
     progress_file.write_text("")
     files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
     experiment_file.write_text(json.dumps({**experiment, **files}))
-    with open(work_dir / "superlink.log", "ab") as log:  # it dies with us, even by SIGKILL
+    superlink_log = work_dir / "superlink.log"
+    start = superlink_log.stat().st_size if superlink_log.exists() else 0
+    with open(superlink_log, "ab") as log:  # it dies with us, even by SIGKILL
         superlink = subprocess.Popen(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
+    superlink_done = threading.Event()
     try:
         wait_for_port(_reachable(settings.address), 60, superlink)
         if certs is not None:
-            for key in register_keys(home, certs / "keys"):
+            registered = register_keys(home, certs / "keys")
+            for key in registered:
                 echo(f"registered site key {key}")
+            # a node refused for its key is said here too, once per key
+            refusals = _key_refusals(registered, certs / "keys")
+            threading.Thread(
+                target=_follow,
+                args=(superlink_log, echo, superlink_done, refusals, start),
+                daemon=True,
+            ).start()
         app = write_app(work_dir / "app")
         overrides = f'experiment-file="{experiment_file}"'
         run = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config", overrides]
@@ -365,19 +376,47 @@ def _serve(
         if stream.wait() != 0:
             raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
     finally:
+        superlink_done.set()
         stop_tree(superlink)
 
 
-def _follow(path: Path, echo, done: threading.Event) -> None:
-    """Echo the lines appended to ``path`` as they come, until ``done`` (then the rest)."""
-    with open(path) as lines:
+def _follow(path: Path, echo, done: threading.Event, select=None, start: int = 0) -> None:
+    """Echo the lines appended to ``path`` from ``start`` as they come, until ``done`` (then
+    the rest); ``select(line)``: what to echo for a line (None: nothing), else the line."""
+    with open(path, errors="replace") as lines:
+        lines.seek(start)
         while True:
             finished = done.is_set()
             for line in lines:
-                echo(line.rstrip())
+                shown = line.rstrip() if select is None else select(line)
+                if shown is not None:
+                    echo(shown)
             if finished:
                 return
             done.wait(PROGRESS_POLL_S)
+
+
+UNKNOWN_KEY = "No SuperNode found with the given public key"  # the SuperLink refused a node
+
+
+def _key_refusals(registered: list[str], keys_dir: Path):
+    """For ``_follow`` over the SuperLink's log: one line per key it refused."""
+    seen: set[str] = set()
+
+    def select(line: str) -> str | None:
+        if UNKNOWN_KEY not in line:
+            return None
+        key = line.split("public key:", 1)[-1].split(", exception", 1)[0]
+        if key in seen:
+            return None
+        seen.add(key)
+        return (
+            "a node tried to join with a key that is not registered here (refused); "
+            f"registered: {sorted(registered)} from {keys_dir}: a new site's .pub goes there, "
+            "then restart the coordinator (--resume RUN_ID)"
+        )
+
+    return select
 
 
 def _reachable(address: str) -> str:
