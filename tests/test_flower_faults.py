@@ -66,7 +66,10 @@ def test_each_supernode_failure_is_named_in_one_line():
 
 def test_the_watch_says_a_cause_once_and_when_the_node_joins(tmp_path):
     log = tmp_path / "supernode.log"
+    watch = SupernodeWatch("north", "127.0.0.1:1")  # nothing listens on port 1
+    assert watch.feed(STARTED + UNREACHABLE)[0].startswith("north: cannot reach 127.0.0.1:1")
     watch = SupernodeWatch("north", ADDRESS)
+    watch.listening = lambda: False  # 10.1.2.3 is not asked
     assert watch.feed(STARTED) == []
     first = watch.feed(STARTED + UNREACHABLE)
     assert first == [f"north: cannot reach {ADDRESS}: " + first[0].split(": ", 2)[2]]
@@ -103,6 +106,21 @@ def _holder(state_dir: Path) -> subprocess.Popen:
     )
     assert holder.stdout.readline().strip() == "locked"
     return holder
+
+
+def test_a_port_that_answers_but_not_to_the_supernode_is_named_so():
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        line = SupernodeWatch("north", address).feed(STARTED + UNREACHABLE)
+    assert line == [
+        f"north: {address} accepts connections but the SuperNode cannot talk to it: TLS on one "
+        "side only? (--insecure against a coordinator with TLS, or the address of another "
+        "service); retrying"
+    ]
 
 
 def test_a_second_node_on_a_state_directory_is_refused_at_once(tmp_path):

@@ -4,7 +4,8 @@ Flower's SuperNode says why it cannot join only in its own log (``<state_dir>/su
 and exits with 1 for all of it. ``SupernodeWatch`` reads that log as it grows and turns the
 messages it knows into a line for the node's console: nothing answers at the coordinator's
 address, the CA does not match the coordinator's certificate, the SuperLink does not know this
-node's key, the SuperLink forgot this node. ``lock_state_dir`` keeps a second node off a state
+node's key, the SuperLink forgot this node, something listens there that the SuperNode cannot
+talk to (TLS on one side only). ``lock_state_dir`` keeps a second node off a state
 directory that a running node uses (both would write the same local state).
 
 The messages are Flower 1.4x's (checked on loopback, see tests/test_flower_faults.py).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,10 +120,25 @@ class SupernodeWatch:
         if UNREACHABLE not in new:  # the other causes end the SuperNode: said at its exit
             return []
         cause = explain(UNREACHABLE, self.address, self.ca)
+        if self.listening():  # something answers: the SuperNode cannot talk to it
+            cause = (
+                f"{self.address} accepts connections but the SuperNode cannot talk to it: "
+                "TLS on one side only? (--insecure against a coordinator with TLS, or the "
+                "address of another service)"
+            )
         if cause == self.said:
             return []
         self.said = cause
         return [f"{self.site}: {cause}; retrying"]
+
+    def listening(self) -> bool:
+        """Whether anything accepts a TCP connection at the address now."""
+        host, _, port = self.address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+                return True
+        except (OSError, ValueError):
+            return False
 
     def exited(self, returncode: int | None, log_path: Path) -> str:
         """The line for a SuperNode that exited (it is restarted after it)."""
