@@ -8,6 +8,7 @@ that does not know the node's key.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,17 +231,20 @@ def test_a_round_without_enough_replies_names_the_sites_that_missed():
     )
 
 
-def _coordinator(tmp_path: Path, register_timeout_s: float) -> tuple[subprocess.Popen, Path]:
+def _coordinator(
+    tmp_path: Path, register_timeout_s: float, rounds: int = 2, **flower
+) -> tuple[subprocess.Popen, Path]:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = tmp_path / "experiment.toml"
+    flower = {"expected_sites": 1, **flower, "register_timeout_s": register_timeout_s}
     config.write_text(
-        'rounds = 2\nlocal_steps = 2\nbatch_size = 8\nruns_dir = "runs"\n[flower]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\nexpected_sites = 1\n'
-        f"register_timeout_s = {register_timeout_s}\n"
+        f'rounds = {rounds}\nlocal_steps = 2\nbatch_size = 8\nruns_dir = "runs"\n[flower]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+        + "".join(f"{key} = {value}\n" for key, value in flower.items())
     )
     log = tmp_path / "coordinator.log"
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -341,3 +345,46 @@ def test_the_coordinator_says_once_per_key_that_a_node_was_refused(tmp_path):
     assert select(line) is None  # its retries are not repeated
     assert select("INFO :      SuperLinkLifespan: start\n") is None
     assert select(line.replace("MHYwEAYHKoZI", "OTHERKEY")) is not None  # another node's key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp_path):
+    """The issue's case: `min_nodes = 3`, one node dies; the coordinator says which site
+    missed and how to resume, without a traceback."""
+    from tests.test_flower_e2e import SITES, _site_toml
+
+    process, log = _coordinator(
+        tmp_path, 300, rounds=6, min_nodes=3, expected_sites=3, round_timeout_s=20
+    )
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": path}
+    address = re.search(r'address = "([^"]+)"', (tmp_path / "experiment.toml").read_text())[1]
+    nodes = {}
+    for site in SITES:
+        command = [sys.executable, "-m", "fed_auc.cli", "node", "--site"]
+        command += [str(_site_toml(tmp_path, site)), "--coordinator", address, "--insecure"]
+        with open(tmp_path / f"{site}.log", "w") as out:
+            nodes[site] = subprocess.Popen(
+                command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+    try:
+        _wait_for(log, "round 1:", process, timeout=400)
+        nodes["mercy_rural"].kill()  # SIGKILL: its SuperNode goes with it (PR_SET_PDEATHSIG)
+        assert process.wait(timeout=300) == 1, log.read_text()
+    finally:
+        for node in nodes.values():
+            node.terminate()
+        for node in nodes.values():
+            node.wait(timeout=60)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    run = _run(tmp_path)
+    assert run["status"] == "failed"
+    assert "Traceback" not in text
+    assert re.search(
+        r"round \d+ failed: 2 of 3 nodes replied \(min_nodes 3\); missed: mercy_rural \(", text
+    ), text
+    assert f"continue it with `fed-auc coordinator --resume {run['id']} --runs-dir" in text
