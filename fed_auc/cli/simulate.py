@@ -9,6 +9,7 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +27,31 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    def run() -> None:
+        if args.resume is not None:
+            simulate(None, args.json, resume=(resume_runs_dir(args), args.resume))
+        elif args.leave_each_out:
+            leave_each_out(config_from_args(args), args.json)
+        else:
+            simulate(config_from_args(args), args.json, args.register, args.models_dir)
+
+    return _explained(args.command, run)
+
+
+def _explained(command: str, run: Callable[[], None]) -> int:
     """Bad input (a site file, an option the data cannot take) ends in its one-line message,
-    never a traceback; the message names the file, field and value."""
+    never a traceback; the message names the file, field and value. Ctrl-C and SIGTERM mark
+    the run failed and say how to resume it."""
     from fed_auc.coordinator import FederationError
 
     _current_run.clear()
     try:
         with sigterm_as_ctrl_c():
-            if args.resume is not None:
-                simulate(None, args.json, resume=(resume_runs_dir(args), args.resume))
-            elif args.leave_each_out:
-                leave_each_out(config_from_args(args), args.json)
-            else:
-                simulate(config_from_args(args), args.json, args.register, args.models_dir)
+            run()
     except (ValueError, OSError, FederationError) as exc:
-        raise SystemExit(f"fed-auc {args.command}: {exc}") from None
+        raise SystemExit(f"fed-auc {command}: {exc}") from None
     except KeyboardInterrupt:
-        print(f"fed-auc {args.command}: stopped{_resume_hint()}", file=sys.stderr)
+        print(f"fed-auc {command}: stopped{_resume_hint()}", file=sys.stderr)
         return 130
     return 0
 
@@ -84,7 +93,9 @@ def _resume_hint() -> str:
 
 def demo_command(args: argparse.Namespace) -> int:
     config = ExperimentConfig(runs_dir=args.runs_dir, **DEMO)
-    simulate(config, args.json)
+    stopped = _explained("demo", lambda: simulate(config, args.json))
+    if stopped:
+        return stopped
     if not args.json:
         print(
             f"Every round is in the run store {Path(args.runs_dir) / 'fed_auc.sqlite'}; "
