@@ -388,3 +388,21 @@ def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp
         r"round \d+ failed: 2 of 3 nodes replied \(min_nodes 3\); missed: mercy_rural \(", text
     ), text
     assert f"continue it with `fed-auc coordinator --resume {run['id']} --runs-dir" in text
+
+
+def test_a_node_refuses_a_batch_larger_than_its_training_split_in_one_line(tmp_path):
+    from fed_auc.site import SiteDefinition
+    from fed_auc.transport.flower.worker import NodeWorker
+    from tests.test_flower import _setup, _site_toml
+
+    setup, _ = _setup()
+    setup["batch_size"] = 1_000_000
+    lines: list[str] = []
+    worker = NodeWorker(SiteDefinition.from_toml(_site_toml(tmp_path, "mercy_rural", 2)),
+                        lines.append)  # fmt: skip
+    with pytest.raises(ValueError, match="batch size 1000000 is larger than its training"):
+        worker.handle({"kind": "register", "setup": setup}, [])
+    assert len(lines) == 1
+    assert lines[0].startswith("mercy_rural: refused a register request: site 'mercy_rural' (")
+    assert "mercy_rural.toml): batch size 1000000 is larger than its training split" in lines[0]
+    assert not (tmp_path / "nodes" / "mercy_rural" / "run1").exists()  # nothing built
