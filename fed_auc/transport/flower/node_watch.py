@@ -88,7 +88,7 @@ def explain(text: str, address: str, ca: Path | None = None) -> str | None:
             "or --auth-key is not this site's key"
         )
     if REFUSED in text:
-        return f"the coordinator at {address} refused this node (401): it does not know it"
+        return f"the coordinator at {address} does not know this node (401: it restarted?)"
     if UNREACHABLE in text:
         return (
             f"cannot reach {address}: nothing answers there (is the coordinator running, "
