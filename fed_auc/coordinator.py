@@ -216,7 +216,10 @@ class Coordinator:
                 self.state, valid = self._secure.train(self, phase, requests, rows, record)
                 kept.update({reply.site: [round_, index] for reply in valid})
                 continue
-            answers = self.transport.train(requests)
+            try:
+                answers = self.transport.train(requests)
+            except FederationError as exc:  # too few nodes replied (over Flower): say when
+                raise FederationError(f"round {record.round} failed: {exc}") from None
             valid = self.screen(phase, answers, requests, rows, record)
             kept.update({reply.site: [round_, index] for reply in valid})
             if not valid:

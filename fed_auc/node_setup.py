@@ -71,6 +71,19 @@ class NodeSetup:
         return Personalization(self.personalize, self.personal_lambda, self.personal_lr_ratio)
 
 
+def check_batch_size(data: SiteData, batch_size: int) -> None:
+    """A batch no larger than the site's training split, checked before anything is
+    allocated: a larger one would draw (and hold) that many images per step."""
+    n = len(data.train)
+    if batch_size > n:
+        where = data.meta.get("site_file")
+        source = f" ({where})" if where else ""
+        raise ValueError(
+            f"site {data.name!r}{source}: batch size {batch_size} is larger than its "
+            f"training split ({n} images); use a batch size of at most {n}"
+        )
+
+
 def build_node(
     setup: NodeSetup,
     data: SiteData,
@@ -87,6 +100,7 @@ def build_node(
     ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
     warm model shared by in-process nodes (never with partial training or personal models);
     ``local_steps``: the site's own τ_i (its file), which DP's planner plans for."""
+    check_batch_size(data, setup.batch_size)
     privacy = example = None
     if setup.example_dp is not None:
         example = ExampleDP(**setup.example_dp)

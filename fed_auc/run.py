@@ -308,8 +308,13 @@ def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
 
 def fail_run(store: RunStore, run_id: str, exc: BaseException) -> None:
     """Mark the run failed (rounds already recorded stay) and close the store."""
-    store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
-    store.finish_run(run_id, "failed", {"error": str(exc)})
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM where the CLI maps it so
+        reason = "stopped by the operator (Ctrl-C or SIGTERM)"
+        store.add_event(run_id, f"run {reason}; it can be resumed", level="error")
+    else:
+        reason = str(exc)
+        store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
+    store.finish_run(run_id, "failed", {"error": reason})
     store.close()
 
 

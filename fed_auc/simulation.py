@@ -24,7 +24,7 @@ from fed_auc.io import save_json
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, model_from_config
 from fed_auc.node import Node
-from fed_auc.node_setup import NodeSetup, build_node
+from fed_auc.node_setup import NodeSetup, build_node, check_batch_size
 from fed_auc.run import (
     PARTITION_FILE,
     fail_run,
@@ -102,13 +102,20 @@ def _from_file(site: SiteDefinition, config: ExperimentConfig) -> InProcessSite:
     )
 
 
-def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Federation:
+def build_federation(
+    config: ExperimentConfig,
+    run_id: str | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> Federation:
     """The sites, one in-process node each, a coordinator (after the optional warm-up), and a
-    run in the store: a new one, or the existing ``run_id``, resumed from its last round."""
+    run in the store: a new one, or the existing ``run_id``, resumed from its last round.
+    ``on_run(run_id)``: told the run's id as soon as it exists (to say how to resume it)."""
     torch.manual_seed(config.seed)
     everyone, manifest = load_in_process_sites(config)
     held_out = config.hold_out or []
     check_hold_out(held_out, [s.data.name for s in everyone])
+    for site in everyone:  # before the run exists: a bad batch size records nothing
+        check_batch_size(site.data, config.batch_size)
     sites = [s for s in everyone if s.data.name not in held_out]  # the ones that train
     data = [site.data for site in sites]
     num_labels = common_label_count({s.name: s.label_names for s in data})
@@ -121,13 +128,15 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
     if run_id is None:
         run_id = store.create_run(config.algorithm, {**config.to_dict(), **record}, git_revision())
     run_dir = Path(config.runs_dir) / run_id
-    setup = config.node_setup(run_id, model.config(), num_labels, len(sites))
-    personalization = setup.personalization()
-    personal = personalization.personal_names(server.names()) if personalization else ()
-    if manifest is not None:
-        save_json(manifest, run_dir / PARTITION_FILE)
-    started = resuming and not store.rounds(run_id).empty
-    try:
+    if on_run is not None:
+        on_run(run_id)
+    try:  # from here on, a failure or a stop (Ctrl-C, SIGTERM) marks the run failed
+        setup = config.node_setup(run_id, model.config(), num_labels, len(sites))
+        personalization = setup.personalization()
+        personal = personalization.personal_names(server.names()) if personalization else ()
+        if manifest is not None:
+            save_json(manifest, run_dir / PARTITION_FILE)
+        started = resuming and not store.rounds(run_id).empty
         if config.warmup_rounds and not started:
 
             def warm_transport(warm_id: str, hyperparameters: dict) -> LocalTransport:
@@ -147,17 +156,17 @@ def build_federation(config: ExperimentConfig, run_id: str | None = None) -> Fed
         if resuming:
             last = coordinator.resume()
             store.reopen_run(run_id, f"run resumed after round {last}")
+        else:
+            store.record_sites(run_id, {s.name: site_summary(s) for s in data})
+            store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
+            if held_out:
+                store.add_event(run_id, f"held out of training: {held_out}")
+        every_site = None
+        if config.hold_out is not None:
+            every_site = LocalTransport(_nodes(setup, everyone, run_dir / "evaluation_nodes"))
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
-    if not resuming:
-        store.record_sites(run_id, {s.name: site_summary(s) for s in data})
-        store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
-        if held_out:
-            store.add_event(run_id, f"held out of training: {held_out}")
-    every_site = None
-    if config.hold_out is not None:
-        every_site = LocalTransport(_nodes(setup, everyone, run_dir / "evaluation_nodes"))
     return Federation(config, data, coordinator, store, run_id, run_dir, model.config(), every_site)
 
 
@@ -192,10 +201,12 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
 
 
 def run_simulation(
-    config: ExperimentConfig, on_round: Callable[[RoundRecord], None] | None = None
+    config: ExperimentConfig,
+    on_round: Callable[[RoundRecord], None] | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
-    return _complete(build_federation(config), on_round)
+    return _complete(build_federation(config, on_run=on_run), on_round)
 
 
 def resume_simulation(

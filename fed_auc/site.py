@@ -168,9 +168,11 @@ class SiteDefinition:
         (as in ``fed-auc simulate``); a file site's split on its own ``split_seed`` only, so its
         test images never change between experiments."""
         if self.profile is not None:
-            return federation_site(
+            site = federation_site(
                 self.profile, self.index, image_size, num_labels, seed, data_scale
             )
+            site.meta["site_file"] = str(self.path)
+            return site
         from fed_auc.data.spec import site_from_config
 
         try:

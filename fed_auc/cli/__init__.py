@@ -54,9 +54,13 @@ def _coordinator_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
     try:
         flower_cli.coordinator(args)
-    except KeyboardInterrupt:
-        print("fed-auc coordinator: stopped; the run is marked failed (resumable)")
+    except KeyboardInterrupt as stop:  # the SuperLink and what it started are stopped too
+        print(f"fed-auc coordinator: {stop or 'stopped; the run is marked failed (resumable)'}",
+              file=sys.stderr)  # fmt: skip
         return 130
+    except flower_cli.CoordinatorFailed as exc:  # one line: what failed, how to go on
+        print(f"fed-auc coordinator: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

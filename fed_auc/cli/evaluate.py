@@ -132,7 +132,12 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         record = {"evaluation": job, "flower": experiment["flower"], "transport": "flower"}
         run_id = store.create_run("evaluate", record, git_revision())
     experiment = {**experiment, "run_id": run_id, "evaluation": job}
-    summary = run_coordinator(experiment, Path(runs_dir) / "flower", echo=_stderr)
+    from fed_auc.transport.flower.cli import CoordinatorFailed
+
+    try:
+        summary = run_coordinator(experiment, Path(runs_dir) / "flower", echo=_stderr)
+    except CoordinatorFailed as exc:  # one line: what failed (no traceback)
+        raise SystemExit(f"fed-auc evaluate --federation: {exc}") from None
     results = json.loads((Path(job["out"]) / "evaluation.json").read_text())
     for line in describe(results):
         print(line)

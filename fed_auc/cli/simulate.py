@@ -4,8 +4,12 @@ resumed (``--resume``) or trained once per left-out site (``--leave-each-out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +27,75 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    if args.resume is not None:
-        simulate(None, args.json, resume=(resume_runs_dir(args), args.resume))
-    elif args.leave_each_out:
-        leave_each_out(config_from_args(args), args.json)
-    else:
-        simulate(config_from_args(args), args.json, args.register, args.models_dir)
+    def run() -> None:
+        if args.resume is not None:
+            simulate(None, args.json, resume=(resume_runs_dir(args), args.resume))
+        elif args.leave_each_out:
+            leave_each_out(config_from_args(args), args.json)
+        else:
+            simulate(config_from_args(args), args.json, args.register, args.models_dir)
+
+    return _explained(args.command, run)
+
+
+def _explained(command: str, run: Callable[[], None]) -> int:
+    """Bad input (a site file, an option the data cannot take) ends in its one-line message,
+    never a traceback; the message names the file, field and value. Ctrl-C and SIGTERM mark
+    the run failed and say how to resume it."""
+    from fed_auc.coordinator import FederationError
+
+    _current_run.clear()
+    try:
+        with sigterm_as_ctrl_c():
+            run()
+    except (ValueError, OSError, FederationError) as exc:
+        raise SystemExit(f"fed-auc {command}: {exc}") from None
+    except KeyboardInterrupt:
+        print(f"fed-auc {command}: stopped{_resume_hint()}", file=sys.stderr)
+        return 130
     return 0
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM stops like Ctrl-C (KeyboardInterrupt), so the run is closed as stopped; the
+    previous handler is back afterwards (``main`` may run inside another program)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_current_run: dict[str, str] = {}  # the run this command is training: run_id, runs_dir
+
+
+def _on_run(runs_dir: str):
+    def remember(run_id: str) -> None:
+        _current_run.update(run_id=run_id, runs_dir=str(runs_dir))
+
+    return remember
+
+
+def _resume_hint() -> str:
+    """How to continue the run a stop interrupted (it is marked failed, resumable)."""
+    if not _current_run:
+        return " before a run was created; nothing was recorded"
+    run_id, runs_dir = _current_run["run_id"], _current_run["runs_dir"]
+    return (
+        f"; run {run_id} is marked failed (its finished rounds are kept); continue it with "
+        f"`fed-auc simulate --resume {run_id} --runs-dir {runs_dir}`"
+    )
 
 
 def demo_command(args: argparse.Namespace) -> int:
     config = ExperimentConfig(runs_dir=args.runs_dir, **DEMO)
-    simulate(config, args.json)
+    stopped = _explained("demo", lambda: simulate(config, args.json))
+    if stopped:
+        return stopped
     if not args.json:
         print(
             f"Every round is in the run store {Path(args.runs_dir) / 'fed_auc.sqlite'}; "
@@ -72,9 +133,10 @@ def simulate(
 
     try:
         if resume is not None:
+            _on_run(resume[0])(resume[1])
             summary = _resume(resume, on_round)
         else:
-            summary = run_simulation(config, on_round)
+            summary = run_simulation(config, on_round, on_run=_on_run(config.runs_dir))
     finally:
         bar.close()
     if register:
@@ -134,7 +196,9 @@ def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, An
 
     def train(held_out: list[str]) -> dict[str, Any]:
         print(f"leave-each-out: training without {held_out or 'no site'}", file=sys.stderr)
-        return run_simulation(dataclasses.replace(config, hold_out=held_out))
+        return run_simulation(
+            dataclasses.replace(config, hold_out=held_out), on_run=_on_run(config.runs_dir)
+        )
 
     rows = run_all(names, train)
     if as_json:

@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import Any
 
 
+class CoordinatorFailed(RuntimeError):
+    """A Flower run that failed: one line for the console (what failed, how to go on)."""
+
+
+class CoordinatorStopped(KeyboardInterrupt):
+    """``fed-auc coordinator`` stopped by Ctrl-C or SIGTERM, everything it started with it."""
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
     c.add_argument("--config", type=Path, help="experiment TOML with [flower]")
@@ -163,6 +171,8 @@ def node(args: argparse.Namespace) -> int:
 
     try:
         site = SiteDefinition.from_toml(args.site)
+        if not args.check:  # a second node on this state directory is refused at once
+            lock = _lock_state_dir(site)
         data = site.load(args.image_size, args.num_labels)
         check_site_data(site, data)
     except (OSError, ValueError) as exc:
@@ -196,8 +206,22 @@ def node(args: argparse.Namespace) -> int:
             raise SystemExit(f"fed-auc node: --{option.replace('_', '-')} {path}: no such file")
     require_flower("node")
     from fed_auc.transport.flower.launch import run_node
+    from fed_auc.transport.flower.node_watch import unlock_state_dir
 
-    return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
+    try:
+        return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
+    finally:
+        unlock_state_dir(lock)
+
+
+def _lock_state_dir(site) -> Path:
+    """The site's state directory, locked for this process's life (``node_watch``)."""
+    from fed_auc.transport.flower.node_watch import StateDirBusy, lock_state_dir
+
+    try:
+        return lock_state_dir(site.state_dir.resolve())
+    except StateDirBusy as exc:
+        raise SystemExit(f"fed-auc node: {site.name}: {exc}") from None
 
 
 def require_flower(command: str) -> None:

@@ -56,6 +56,9 @@ def answer(message: Message, handle: Handler, site: str) -> Message:
     """The reply to one fed-auc message; an error of the worker becomes a Flower error reply."""
     try:
         header, buffers = handle(*message_frame(message.content))
+    except ValueError as exc:  # bad input: the worker said it in one line; no traceback
+        log.debug("%s: request refused: %s", site, exc)
+        header, buffers = {"error": f"{type(exc).__name__}: {exc}"}, []
     except Exception as exc:  # the coordinator records it as this site's error
         log.exception("%s: request failed", site)
         header, buffers = {"error": f"{type(exc).__name__}: {exc}"}, []

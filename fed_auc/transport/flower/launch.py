@@ -27,15 +27,22 @@ from fed_auc.run import git_revision
 from fed_auc.site import SiteDefinition
 from fed_auc.store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
+from fed_auc.transport.flower.cli import CoordinatorFailed, CoordinatorStopped
 from fed_auc.transport.flower.executor import serve_tasks
+from fed_auc.transport.flower.node_watch import (
+    REFUSED,
+    SupernodeWatch,
+    lock_state_dir,
+    unlock_state_dir,
+)
 from fed_auc.transport.flower.transport import FlowerSettings
 from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
 PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
-REFUSED = "401 Unauthorized"  # in a SuperNode's log: the SuperLink does not know it
 STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
+STOP_GRACE_S = 15.0  # how long the coordinator's processes get to stop before SIGKILL
 
 APP_PYPROJECT = """\
 # Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
@@ -106,14 +113,23 @@ def _kill_group(pid: int) -> None:
 
 
 def _wait_or_unstick(
-    supernode: subprocess.Popen, log_path: Path, start: int, stopping: threading.Event
+    supernode: subprocess.Popen,
+    log_path: Path,
+    start: int,
+    stopping: threading.Event,
+    watch: SupernodeWatch | None = None,
+    echo=print,
 ) -> None:
-    """Wait for the SuperNode to exit. One that a new SuperLink refused (401: e.g. after the
-    coordinator restarted) exits by itself, but Flower's exit handler can hang in it; such a
-    SuperNode is killed after ``STUCK_AFTER_S`` so that a fresh one reconnects."""
+    """Wait for the SuperNode to exit, telling ``echo`` what its log says (``watch``). One
+    that a new SuperLink refused (401: e.g. after the coordinator restarted) exits by itself,
+    but Flower's exit handler can hang in it; such a SuperNode is killed after
+    ``STUCK_AFTER_S`` so that a fresh one reconnects."""
     refused_at = None
     while supernode.poll() is None and not stopping.is_set():
-        if refused_at is None and REFUSED in _read_from(log_path, start):
+        text = _read_from(log_path, start)
+        for line in watch.feed(text) if watch is not None else ():
+            echo(line)
+        if refused_at is None and REFUSED in text:
             refused_at = time.monotonic()
         if refused_at is not None and time.monotonic() - refused_at > STUCK_AFTER_S:
             try:
@@ -124,6 +140,63 @@ def _wait_or_unstick(
     if stopping.is_set():
         return
     supernode.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (Linux ``/proc``; elsewhere none)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parents[int(entry.name)] = int(ppid)
+    found, todo = [], [pid]
+    while todo:
+        children = [child for child, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found += children
+        todo += children
+    return found
+
+
+def stop_tree(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop ``process`` and everything it started, whatever session they moved to.
+
+    The SuperLink starts its SuperExec in a session of its own and the SuperExec the
+    ServerApp: stopping the SuperLink alone can leave them running the federation headless.
+    They are found (before their parent goes) and get SIGTERM, then SIGKILL after ``grace_s``.
+    """
+    below = descendants(process.pid)
+    process.terminate()
+    deadline = time.monotonic() + grace_s
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        left = [pid for pid in below if _alive(pid)]
+        for pid in left:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in left if _alive(pid)]
+        if not left:
+            return
+        deadline = time.monotonic() + grace_s
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie does not: it only waits for its parent)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -170,19 +243,37 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
     work_dir = work_dir.resolve()
     summary_file = work_dir / "summary.json"
     summary_file.unlink(missing_ok=True)
+    hint = _resume_hint(experiment)
     try:
         _serve(experiment, settings, work_dir, summary_file, echo)
-    except BaseException as exc:
+    except KeyboardInterrupt as exc:
         _mark_stopped(runs_dir, run_id, exc)
-        raise
+        raise CoordinatorStopped(f"stopped; run {run_id} is marked failed{hint}") from None
+    except Exception as exc:
+        _mark_stopped(runs_dir, run_id, exc)
+        raise CoordinatorFailed(f"run {run_id} failed: {exc}{hint}") from exc
     if not summary_file.exists():
         error = RuntimeError(
             f"the Flower run ended without a result; see {work_dir / 'superlink.log'} "
             "and the run's events in the store"
         )
         _mark_stopped(runs_dir, run_id, error)
-        raise error
-    return json.loads(summary_file.read_text())
+        raise CoordinatorFailed(f"run {run_id} failed: {error}{hint}")
+    summary = json.loads(summary_file.read_text())
+    if "error" in summary:  # the ServerApp's failure, recorded in the store already
+        _mark_stopped(runs_dir, run_id, RuntimeError(summary["error"]))
+        raise CoordinatorFailed(f"{summary['error']}{hint}")
+    return summary
+
+
+def _resume_hint(experiment: dict[str, Any]) -> str:
+    if "evaluation" in experiment:  # an evaluation job starts again from the start
+        return ". Nothing was exported; run the evaluation again"
+    run_id, runs_dir = experiment["run_id"], experiment["experiment"]["runs_dir"]
+    return (
+        f". The run is saved; continue it with "
+        f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`"
+    )
 
 
 def _create_run(experiment: dict[str, Any]) -> str:
@@ -240,18 +331,36 @@ def _serve(
     progress_file.write_text("")
     files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
     experiment_file.write_text(json.dumps({**experiment, **files}))
-    with open(work_dir / "superlink.log", "ab") as log:
-        superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    superlink_log = work_dir / "superlink.log"
+    start = superlink_log.stat().st_size if superlink_log.exists() else 0
+    with open(superlink_log, "ab") as log:  # it dies with us, even by SIGKILL
+        superlink = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+    superlink_done = threading.Event()
     try:
         wait_for_port(_reachable(settings.address), 60, superlink)
         if certs is not None:
-            for key in register_keys(home, certs / "keys"):
+            registered = register_keys(home, certs / "keys")
+            for key in registered:
                 echo(f"registered site key {key}")
+            # a node refused for its key is said here too, once per key
+            refusals = _key_refusals(registered, certs / "keys")
+            threading.Thread(
+                target=_follow,
+                args=(superlink_log, echo, superlink_done, refusals, start),
+                daemon=True,
+            ).start()
         app = write_app(work_dir / "app")
         overrides = f'experiment-file="{experiment_file}"'
         run = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config", overrides]
         stream = subprocess.Popen(
-            run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            run,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=_die_with_parent,
         )
         done = threading.Event()
         follower = threading.Thread(target=_follow, args=(progress_file, echo, done))
@@ -267,20 +376,47 @@ def _serve(
         if stream.wait() != 0:
             raise RuntimeError(f"flwr run failed with exit code {stream.returncode}")
     finally:
-        superlink.terminate()
-        superlink.wait(timeout=30)
+        superlink_done.set()
+        stop_tree(superlink)
 
 
-def _follow(path: Path, echo, done: threading.Event) -> None:
-    """Echo the lines appended to ``path`` as they come, until ``done`` (then the rest)."""
-    with open(path) as lines:
+def _follow(path: Path, echo, done: threading.Event, select=None, start: int = 0) -> None:
+    """Echo the lines appended to ``path`` from ``start`` as they come, until ``done`` (then
+    the rest); ``select(line)``: what to echo for a line (None: nothing), else the line."""
+    with open(path, errors="replace") as lines:
+        lines.seek(start)
         while True:
             finished = done.is_set()
             for line in lines:
-                echo(line.rstrip())
+                shown = line.rstrip() if select is None else select(line)
+                if shown is not None:
+                    echo(shown)
             if finished:
                 return
             done.wait(PROGRESS_POLL_S)
+
+
+UNKNOWN_KEY = "No SuperNode found with the given public key"  # the SuperLink refused a node
+
+
+def _key_refusals(registered: list[str], keys_dir: Path):
+    """For ``_follow`` over the SuperLink's log: one line per key it refused."""
+    seen: set[str] = set()
+
+    def select(line: str) -> str | None:
+        if UNKNOWN_KEY not in line:
+            return None
+        key = line.split("public key:", 1)[-1].split(", exception", 1)[0]
+        if key in seen:
+            return None
+        seen.add(key)
+        return (
+            "a node tried to join with a key that is not registered here (refused); "
+            f"registered: {sorted(registered)} from {keys_dir}: a new site's .pub goes there, "
+            "then restart the coordinator (--resume RUN_ID)"
+        )
+
+    return select
 
 
 def _reachable(address: str) -> str:
@@ -334,7 +470,7 @@ def run_node(
     data and model warm, executes its ClientApp tasks (``flower.executor``).
     """
     state_dir = site.state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_state_dir(state_dir)  # StateDirBusy: another node serves from it
     worker = NodeWorker(site, echo)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
     command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
@@ -349,6 +485,7 @@ def run_node(
     env = flower_env(state_dir / "flwr_home")
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
+    watch = SupernodeWatch(site.name, coordinator, root_certificates)
 
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""
@@ -365,14 +502,18 @@ def run_node(
                     preexec_fn=_die_with_parent,
                     start_new_session=True,
                 )
-            _wait_or_unstick(supernode, log_path, start, stopping)
+            _wait_or_unstick(supernode, log_path, start, stopping, watch, echo)
             if not stopping.is_set():
-                echo(f"{site.name}: SuperNode exited with {supernode.returncode}; restarting")
+                watch.feed(_read_from(log_path, start))
+                line = watch.exited(supernode.returncode, log_path)
+                if line:
+                    echo(line)
                 stopping.wait(RESTART_DELAY_S)
 
     threading.Thread(target=supervise, daemon=True).start()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
-    echo(f"{site.name}: node up (state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")
+    echo(f"{site.name}: node up, coordinator {coordinator} "
+         f"(state {state_dir}, SuperNode log {state_dir / 'supernode.log'})")  # fmt: skip
     try:
         serve_tasks(f"127.0.0.1:{port}", worker.handle, site.name, stopping)
     except KeyboardInterrupt:
@@ -382,5 +523,6 @@ def run_node(
         if supernode is not None:
             _kill_group(supernode.pid)
             supernode.wait(timeout=30)
+        unlock_state_dir(lock)
     echo(f"{site.name}: node stopped")
     return 0

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fed_auc.coordinator import FederationError
 from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
 from fed_auc.experiment import ExperimentConfig
@@ -158,5 +160,20 @@ def main(grid: Grid, context: Context) -> None:
     if "evaluation" in experiment:  # an evaluation-only run (fed-auc evaluate --federation)
         from fed_auc.transport.flower.evaluation import run_evaluation as run
     with open(experiment["progress_file"], "a", buffering=1) as progress:
-        summary = run(grid, experiment, log=lambda line: print(line, file=progress))
+        try:
+            summary = run(grid, experiment, log=lambda line: print(line, file=progress))
+        except Exception as exc:  # recorded in the store (failed, resumable) by the run
+            summary = {"error": failure_line(exc, Path(experiment["summary_file"]).parent)}
+    # The coordinator's console says a failure in one line (``fed-auc coordinator``), without
+    # the traceback Flower would stream from a ServerApp that raises.
     Path(experiment["summary_file"]).write_text(json.dumps(summary, indent=2))
+
+
+def failure_line(exc: Exception, work_dir: Path) -> str:
+    """One line for a run that failed: a federation's own reason as it is; anything else
+    with its type, its traceback kept in ``work_dir/serverapp_error.txt``."""
+    if isinstance(exc, FederationError):
+        return str(exc)
+    path = work_dir / "serverapp_error.txt"
+    path.write_text("".join(traceback.format_exception(exc)))
+    return f"{type(exc).__name__}: {exc} (traceback in {path})"

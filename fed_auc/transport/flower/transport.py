@@ -104,6 +104,7 @@ class FlowerTransport:
         # site → content tags of the tensors its node holds (flower_codec.TensorCache), as its
         # last answer said; those travel as tags. Forgotten when the site fails or rejoins.
         self.held: dict[str, list[str]] = {}
+        self._refusals: set[str] = set()  # registration errors already shown
 
     @property
     def sites(self) -> list[str]:
@@ -239,10 +240,7 @@ class FlowerTransport:
                     self.event(site, "info", f"site {site} rejoined after {away:.1f} s away")
         done = sum(not isinstance(a, NodeFailure) for a in answers.values())
         if kind == "train" and done < min(self.settings.min_nodes, len(frames)):
-            raise FederationError(
-                f"{done} of {len(frames)} sites answered by the deadline; "
-                f"min_nodes = {self.settings.min_nodes}"
-            )
+            raise FederationError(too_few_replies(answers, self.settings.min_nodes))
         return {site: answers[site] for site in frames}
 
     def _discover(self, timeout: float) -> None:
@@ -257,7 +255,11 @@ class FlowerTransport:
             for n in new
         ]
         for reply in self._exchange(messages, timeout):
-            if reply.has_error():
+            if reply.has_error():  # e.g. a node that cannot take this setup: say it once
+                reason = reply.error.reason
+                if reason not in self._refusals:
+                    self._refusals.add(reason)
+                    self.log(f"a node refused to register: {reason}")
                 continue
             answer, _ = message_frame(reply.content)
             site, node = answer["site"], reply.metadata.src_node_id
@@ -293,6 +295,16 @@ class FlowerTransport:
             if pending and time.monotonic() < deadline:
                 time.sleep(PULL_INTERVAL_S)
         return replies
+
+
+def too_few_replies(answers: Mapping[str, Any], min_nodes: int) -> str:
+    """Why a phase cannot complete: how many nodes replied, and which sites missed and why."""
+    missed = {s: a for s, a in answers.items() if isinstance(a, NodeFailure)}
+    why = "; ".join(f"{site} ({failure.message})" for site, failure in missed.items())
+    return (
+        f"{len(answers) - len(missed)} of {len(answers)} nodes replied "
+        f"(min_nodes {min_nodes}); missed: {why}"
+    )
 
 
 def _secure_answer(frame: Frame) -> dict[str, Any]:

@@ -51,8 +51,14 @@ class NodeWorker:
             torch.set_num_threads(site.threads)
 
     def handle(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
-        """The answer to one request; it also lists the tensors this node holds (``cached``)."""
-        answer, answer_buffers = self._answer(header, buffers)
+        """The answer to one request; it also lists the tensors this node holds (``cached``).
+        A request this site cannot take (bad input, e.g. a batch larger than its training
+        split) is told in one line on this console, and raised for the error reply."""
+        try:
+            answer, answer_buffers = self._answer(header, buffers)
+        except ValueError as exc:  # the executor sends it back as the error reply
+            self.echo(f"{self.site.name}: refused a {header.get('kind')} request: {exc}")
+            raise
         return {**answer, "cached": self._cache.tags()}, answer_buffers
 
     def _answer(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:

@@ -1,0 +1,154 @@
+"""What a site operator needs to know about ``fed-auc node``'s SuperNode, in one line each.
+
+Flower's SuperNode says why it cannot join only in its own log (``<state_dir>/supernode.log``)
+and exits with 1 for all of it. ``SupernodeWatch`` reads that log as it grows and turns the
+messages it knows into a line for the node's console: nothing answers at the coordinator's
+address, the CA does not match the coordinator's certificate, the SuperLink does not know this
+node's key, the SuperLink forgot this node, something listens there that the SuperNode cannot
+talk to (TLS on one side only). ``lock_state_dir`` keeps a second node off a state
+directory that a running node uses (both would write the same local state).
+
+The messages are Flower 1.4x's (checked on loopback, see tests/test_flower_faults.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOCK_FILE = "node.lock"
+
+# Markers in the SuperNode's log, most specific first.
+CONNECTED = "SuperNode ID:"  # "SuperNode ID: 1348...": it joined the SuperLink
+UNREACHABLE = "Connection attempt failed"  # nothing accepts connections at the address
+TLS_FAILED = ("CERTIFICATE_VERIFY_FAILED", "SSL/TLS handshake error")
+NOT_REGISTERED = ("Failed to activate SuperNode", "[code: 2004]")
+REFUSED = "401 Unauthorized"  # a SuperLink that does not know this node (e.g. restarted)
+
+
+class StateDirBusy(RuntimeError):
+    """Another ``fed-auc node`` holds the state directory's lock."""
+
+
+_held: dict[Path, list[int]] = {}  # lock file → [descriptor, holds] of this process
+
+
+def lock_state_dir(state_dir: Path) -> Path:
+    """Hold ``state_dir/node.lock`` until ``unlock_state_dir`` or the process ends (the
+    kernel releases it however the process ends); a second node on the same directory is
+    refused at once with ``StateDirBusy``. A process may take it again (it counts holds)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = (state_dir / LOCK_FILE).resolve()
+    if path in _held:
+        _held[path][1] += 1
+        return path
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f" (process {holder})" if holder.isdigit() else ""
+        raise StateDirBusy(
+            f"another node is running on this state directory {state_dir}{who}; stop it, "
+            "or give this site file its own [node] state_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[path] = [fd, 1]
+    return path
+
+
+def unlock_state_dir(path: Path) -> None:
+    """Give back one hold of ``lock_state_dir``'s lock; the last one releases it."""
+    held = _held.get(path)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        del _held[path]
+        os.close(held[0])
+
+
+def explain(text: str, address: str, ca: Path | None = None) -> str | None:
+    """The one-line cause of a SuperNode failure in its log ``text``, or None if unknown."""
+    if any(marker in text for marker in TLS_FAILED):
+        given = f" (--root-certificates {ca})" if ca is not None else ""
+        return (
+            f"TLS verification failed: the CA does not match{given}: the certificate of "
+            f"{address} is not signed by it; use the ca.pem of this federation's coordinator"
+        )
+    if any(marker in text for marker in NOT_REGISTERED):
+        return (
+            f"this key is not registered at the coordinator {address}: its operator must "
+            "add this site's .pub to the federation's keys (fed-auc certs) and restart it, "
+            "or --auth-key is not this site's key"
+        )
+    if REFUSED in text:
+        return f"the coordinator at {address} does not know this node (401: it restarted?)"
+    if UNREACHABLE in text:
+        return (
+            f"cannot reach {address}: nothing answers there (is the coordinator running, "
+            "the host and port right, the port open?)"
+        )
+    return None
+
+
+@dataclass
+class SupernodeWatch:
+    """Lines for the node's console from one SuperNode's log, as it grows: a cause once (not
+    at every retry), its end when the SuperNode joins, and why it exited."""
+
+    site: str
+    address: str
+    ca: Path | None = None
+    said: str | None = None  # the last cause reported (reported again only if it changes)
+    _seen: str = field(default="", repr=False)
+
+    def feed(self, text: str) -> list[str]:
+        """The log of the current SuperNode so far (from its start): lines to print now."""
+        new, self._seen = text[len(self._seen) :], text
+        if CONNECTED in new:
+            joined = self.said is not None
+            self.said = None
+            if joined:
+                return [f"{self.site}: connected to the coordinator at {self.address}"]
+            return []
+        if UNREACHABLE not in new:  # the other causes end the SuperNode: said at its exit
+            return []
+        cause = explain(UNREACHABLE, self.address, self.ca)
+        if self.listening():  # something answers: the SuperNode cannot talk to it
+            cause = (
+                f"{self.address} accepts connections but the SuperNode cannot talk to it: "
+                "TLS on one side only? (--insecure against a coordinator with TLS, or the "
+                "address of another service)"
+            )
+        if cause == self.said:
+            return []
+        self.said = cause
+        return [f"{self.site}: {cause}; retrying"]
+
+    def listening(self) -> bool:
+        """Whether anything accepts a TCP connection at the address now."""
+        host, _, port = self.address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+                return True
+        except (OSError, ValueError):
+            return False
+
+    def exited(self, returncode: int | None, log_path: Path) -> str:
+        """The line for a SuperNode that exited (it is restarted after it)."""
+        cause = explain(self._seen, self.address, self.ca)
+        self._seen = ""
+        if cause is None:
+            return (
+                f"{self.site}: SuperNode exited with {returncode}; restarting (its log: {log_path})"
+            )
+        if cause == self.said:  # said already at its previous exit: one line, not one per try
+            return ""
+        self.said = cause
+        return f"{self.site}: {cause}; retrying"
