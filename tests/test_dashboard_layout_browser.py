@@ -1,0 +1,116 @@
+"""What the pages look like in real Chromium at a 1280 px wide window: heat maps with one
+visible row per site, forest plots with every row labelled, wide tables with every column in
+view, the run the dashboard opens on, the jobs that scored a training run's model.
+
+One dashboard server and one browser for the whole module; each test opens a fresh tab.
+Screenshots go to $FED_AUC_SCREENSHOTS if set, else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from app.screenshots import CHROMIUM, TIMEOUT_MS, serve, wait_until_idle
+from tests.dashboard_store import fill, fill_evaluation_job, fill_sized
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
+]
+
+WIDTH = 1280
+N_SITES = 5
+ROUNDS = 3
+MIN_ROW_PX = 15  # a heat-map row a reader can point at
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """``fill``'s runs, a 5-site run, then (newest) an evaluation job that scored the model
+    run-complete exported."""
+    path = tmp_path_factory.mktemp("runs")
+    fill(path)
+    sized = fill_sized(path, N_SITES, ROUNDS)
+    job = fill_evaluation_job(path, "run-complete", held_out=("south",))
+    return {"path": path, "sized": sized, "job": job}
+
+
+@pytest.fixture(scope="module")
+def browser(store):
+    from playwright.sync_api import sync_playwright
+
+    with serve(store["path"]) as url, sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield SimpleNamespace(chromium=chromium, url=url)
+        chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    out = Path(os.environ.get("FED_AUC_SCREENSHOTS", tmp_path))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def visit(browser, name: str | None = None, run_id: str | None = None):
+    """A new tab at the dashboard, ``run_id`` picked in the sidebar, page ``name`` open."""
+    page = browser.chromium.new_page(viewport={"width": WIDTH, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(browser.url)
+    picker = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]')
+    picker.wait_for()
+    if run_id is not None:
+        picker.click()
+        page.get_by_role("option", name=run_id).click()
+        page.get_by_text(f"Run {run_id} ·").first.wait_for()
+    if name is not None:
+        page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=name).click()
+        page.get_by_role("heading", name=name).first.wait_for()
+    wait_until_idle(page)
+    return page
+
+
+CHARTS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(c => {
+    const svg = c.querySelector('svg');
+    const box = r => { const b = r.getBoundingClientRect(); return [b.x, b.y, b.width, b.height]; };
+    const axis = a => [...a.querySelectorAll('g.role-axis-label text')]
+        .filter(t => t.getAttribute('opacity') !== '0' && getComputedStyle(t).opacity !== '0')
+        .map(t => t.textContent);
+    const axes = [...svg.querySelectorAll('g.role-axis')];
+    const marks = sel => [...svg.querySelectorAll(sel)]
+        .filter(m => !m.closest('g.role-legend')).map(box);  // data marks, not the legend's
+    return {
+        container: box(c), svg: box(svg),
+        rects: marks('g.mark-rect path'),
+        rules: marks('g.mark-rule line, g.mark-rule path'),
+        y: axes.filter(a => (a.getAttribute('aria-label') || '').startsWith('Y-axis')).map(axis),
+        x: axes.filter(a => (a.getAttribute('aria-label') || '').startsWith('X-axis')).map(axis),
+    };
+})"""
+
+
+def charts(page) -> list[dict]:
+    """Every chart's SVG: its marks' boxes and the axis labels drawn (opacity > 0)."""
+    return page.evaluate(CHARTS)
+
+
+def test_heat_maps_draw_one_visible_row_per_site(browser, store, shots):
+    for name in ("Heterogeneity", "Participation"):
+        page = visit(browser, name, store["sized"])
+        page.screenshot(path=str(shots / f"layout_{name.lower()}.png"), full_page=True)
+        maps = [c for c in charts(page) if c["rects"]]
+        assert maps, name
+        heat = maps[0]  # the site × site similarity; the round × site status
+        rows = sorted({round(r[1]) for r in heat["rects"]})
+        heights = {round(r[3]) for r in heat["rects"]}
+        assert len(rows) == N_SITES, (name, rows, heat["svg"])
+        assert min(heights) >= MIN_ROW_PX, (name, heights)
+        assert heat["y"] and sorted(heat["y"][0]) == [f"site_{i:02d}" for i in range(N_SITES)]
+        columns = {round(r[0]) for r in heat["rects"]}
+        assert len(columns) == (N_SITES if name == "Heterogeneity" else ROUNDS), name
+        assert heat["svg"][2] <= heat["container"][2] + 1, name  # nothing drawn off the page
+        page.close()
