@@ -114,3 +114,14 @@ def test_heat_maps_draw_one_visible_row_per_site(browser, store, shots):
         assert len(columns) == (N_SITES if name == "Heterogeneity" else ROUNDS), name
         assert heat["svg"][2] <= heat["container"][2] + 1, name  # nothing drawn off the page
         page.close()
+
+
+def test_the_sites_forest_plot_labels_every_row(browser, shots):
+    page = visit(browser, "Sites", "run-complete")
+    page.screenshot(path=str(shots / "layout_sites.png"), full_page=True)
+    (forest,) = [c for c in charts(page) if c["rules"]]
+    defined = ["north", "south", "west"]  # east: one class, no AUC, no row
+    assert forest["y"] and sorted(forest["y"][0]) == defined, forest["y"]
+    ci_rows = {round(r[1] + r[3] / 2) for r in forest["rules"] if r[3] < 5}  # horizontal CIs
+    assert len(ci_rows) == len(defined), forest["rules"]
+    page.close()

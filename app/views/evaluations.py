@@ -7,6 +7,7 @@ import altair as alt
 import streamlit as st
 
 from app import common
+from app.charts import rows_autosize, rows_height
 from app.clinical import operating_table, readable
 from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
 
@@ -42,7 +43,9 @@ def body(run_id: str) -> None:
     defined = frame.dropna(subset=["auc"])
     if not defined.empty:
         base = alt.Chart(defined).encode(
-            y=alt.Y("site:N", sort=None, title=None),
+            y=alt.Y(
+                "site:N", sort=None, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=300)
+            ),
             color=alt.Color("kind:N", scale=COLOURS, title=None),
         )
         bars = base.mark_rule().encode(
@@ -52,7 +55,10 @@ def body(run_id: str) -> None:
             x="auc:Q", shape=alt.Shape("kind:N", title=None),
             tooltip=["site", "kind", "n", "positives", "auc", "ci_lo", "ci_hi", "error_bound"],
         )  # fmt: skip
-        st.altair_chart(bars + points, width="stretch")
+        chart = (bars + points).properties(
+            height=rows_height(len(defined)), autosize=rows_autosize()
+        )  # one labelled row per site and the pooled row
+        st.altair_chart(chart, width="stretch")
     shown = frame.assign(
         AUC=[
             r.note if r.auc is None or r.auc != r.auc else f"{r.auc:.3f}"
