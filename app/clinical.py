@@ -87,6 +87,49 @@ def readable(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+COUNTS = ["positives", "negatives", "TP", "FN", "TN", "FP"]
+AT_THRESHOLD = [f"{t} (95 % CI)" for t in ("sensitivity", "specificity", "PPV", "NPV")]
+FIXED_SPECIFICITY = [
+    "sensitivity @ 90 % spec. (95 % CI)", "sensitivity @ 95 % spec. (95 % CI)", "Brier"
+]  # fmt: skip
+
+
+def readable_parts(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``readable(table)`` as three tables narrow enough to show every column on a laptop:
+    the figures at the threshold, the counts behind them, and sensitivity at fixed
+    specificity with the Brier score; each keeps the site column."""
+    full = readable(table)
+    return {
+        "at the threshold": full[["site", *AT_THRESHOLD]],
+        "counts": full[["site", *COUNTS]],
+        "fixed specificity": full[["site", *FIXED_SPECIFICITY]],
+    }
+
+
+def show_operating_tables(table: pd.DataFrame, threshold: float) -> None:
+    """The three ``readable_parts`` tables, each under a line that says what it holds."""
+    import streamlit as st
+
+    parts = readable_parts(table)
+    captions = {
+        "at the threshold": f"Sensitivity, specificity, PPV and NPV at threshold "
+        f"{threshold:.3f}, with 95 % CIs.",
+        "counts": f"Test images per site and what threshold {threshold:.3f} calls them "
+        "(TP, FN: positives called positive, negative; TN, FP: negatives called negative, "
+        "positive).",
+        "fixed specificity": "Sensitivity at 90 % and 95 % specificity (95 % CIs), and the "
+        "Brier score.",
+    }
+    for key, frame in parts.items():
+        st.caption(captions[key])
+        st.dataframe(
+            frame,
+            hide_index=True,
+            width="stretch",
+            column_config={"Brier": st.column_config.NumberColumn(format="%.3f")},
+        )
+
+
 def calibration_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:
     """Reliability diagram points per site: mean score vs observed positive fraction."""
     rows = []

@@ -63,7 +63,7 @@ def test_the_page_draws_the_job_and_names_what_did_not_report(monkeypatch, store
     assert "held out (never trained on): south" in caption and "over flower" in caption
     assert any("west (dropped: no answer within 60 s)" in w.value for w in at.warning)
     tables = at.dataframe
-    assert len(tables) == 2  # the forest's numbers and the operating point
+    assert len(tables) == 4  # the forest's numbers and the operating point's three tables
     operating = tables[1].value
     assert set(operating["site"]) == {"north", "south", "east", "pooled"}
 

@@ -125,3 +125,47 @@ def test_the_sites_forest_plot_labels_every_row(browser, shots):
     ci_rows = {round(r[1] + r[3] / 2) for r in forest["rules"] if r[3] < 5}  # horizontal CIs
     assert len(ci_rows) == len(defined), forest["rules"]
     page.close()
+
+
+TABLE = """d => {
+    const scroller = d.querySelector('.dvn-scroller');
+    return {
+        width: scroller.clientWidth, content: scroller.scrollWidth,
+        right: d.getBoundingClientRect().right,
+        headers: [...d.querySelectorAll('th, [role=columnheader]')].map(t => t.textContent),
+    };
+}"""
+
+
+def tables(page) -> list[dict]:
+    """Every st.dataframe: its visible width, the width of its columns, and the headers of
+    the columns it draws (the grid renders only the columns in view, and only once the
+    table is scrolled into view)."""
+    found = []
+    grids = page.locator('[data-testid="stDataFrame"]')
+    for i in range(grids.count()):
+        grid = grids.nth(i)
+        grid.scroll_into_view_if_needed()
+        grid.locator("th, [role=columnheader]").first.wait_for(state="attached")
+        found.append(grid.evaluate(TABLE))
+    return found
+
+
+def test_wide_tables_show_every_column_at_1280_px(browser, store, shots):
+    wanted = {  # page, run → headers that must be in view
+        ("Operating point", "run-complete"): ["90 %", "95 %", "Brier", "PPV", "NPV", "FP"],
+        ("Overview", "run-complete"): ["final AUC", "last round", "started", "status"],
+        ("Evaluations", store["job"]): ["90 %", "95 %", "Brier", "NPV", "error_bound"],
+    }
+    for (name, run_id), needles in wanted.items():
+        page = visit(browser, name, run_id)
+        page.screenshot(path=str(shots / f"layout_tables_{name.lower()}.png"), full_page=True)
+        found = tables(page)
+        assert found, name
+        for table in found:
+            assert table["content"] <= table["width"] + 1, (name, table)  # no hidden column
+            assert table["right"] <= WIDTH, (name, table)
+        headers = " | ".join(h for table in found for h in table["headers"])
+        for needle in needles:
+            assert needle in headers, (name, needle, headers)
+        page.close()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import common
 from app.charts import rows_autosize, rows_height
-from app.clinical import operating_table, readable
+from app.clinical import operating_table, show_operating_tables
 from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
 
 COLOURS = alt.Scale(
@@ -79,7 +79,7 @@ def body(run_id: str) -> None:
             break
     if bins and threshold is not None and threshold < 1.0:
         st.subheader(f"Operating point at the card's threshold {threshold:.3f}")
-        st.dataframe(readable(operating_table(bins, threshold)), hide_index=True, width="stretch")
+        show_operating_tables(operating_table(bins, threshold), threshold)
 
 
 def main() -> None:

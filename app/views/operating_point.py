@@ -11,7 +11,7 @@ from app.clinical import (
     calibration_frame,
     exported_bins,
     operating_table,
-    readable,
+    show_operating_tables,
     with_pooled,
 )
 from app.model_view import EXPORTED, choices
@@ -49,12 +49,7 @@ def body(data: RunData) -> None:
         "sensitivity of a threshold whose specificity reaches the target at that site."
     )
     st.subheader(f"At threshold {threshold:.3f}")
-    st.dataframe(
-        readable(table),
-        hide_index=True,
-        width="stretch",
-        column_config={"Brier": st.column_config.NumberColumn(format="%.3f")},
-    )
+    show_operating_tables(table, threshold)
     st.subheader("Calibration")
     calibration = calibration_frame(with_pooled(bins))
     sites = calibration["site"].unique().tolist()
