@@ -70,8 +70,21 @@ def run_picker() -> None:
         return
     labels = dict(zip(runs["id"], runs["label"], strict=True))
     if st.session_state.get(RUN_KEY) not in labels:
-        st.session_state.pop(RUN_KEY, None)
+        st.session_state[RUN_KEY] = landing_run(runs)
     st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key=RUN_KEY)
+
+
+def landing_run(runs: pd.DataFrame) -> str:
+    """The run the dashboard opens on: the newest training run (not an evaluation job, not a
+    warm-up, which its main run names), else the newest run."""
+    training = runs[[queries.is_training(row) for row in runs.to_dict("records")]]
+    return str((training if not training.empty else runs)["id"].iloc[0])
+
+
+def picked_run(runs: pd.DataFrame) -> str:
+    """The run picked in the sidebar, or the landing run before the picker has drawn."""
+    picked = st.session_state.get(RUN_KEY)
+    return picked if picked in set(runs["id"]) else landing_run(runs)
 
 
 def current_run() -> RunData:
@@ -87,7 +100,7 @@ def current_run() -> RunData:
     if runs.empty:
         st.info(f"The run store in `{runs_dir()}` has no runs yet.")
         st.stop()
-    run_id = st.session_state.get(RUN_KEY) or runs["id"].iloc[0]
+    run_id = picked_run(runs)
     data = load_run(run_id)
     status_banner(data)
     synthetic_badge(data)

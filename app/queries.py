@@ -84,6 +84,17 @@ def runs(runs_dir: str | Path) -> pd.DataFrame:
     return frame
 
 
+def is_training(run: dict[str, Any]) -> bool:
+    """A run that trained a model of its own: not an evaluation job (algorithm ``evaluate``)
+    and not the warm-up of another run (config ``warmup_for``)."""
+    return run["algorithm"] != "evaluate" and not warmup_for(run)
+
+
+def warmup_for(run: dict[str, Any]) -> str | None:
+    """The main run a warm-up run warm-started (config ``warmup_for``), else None."""
+    return (run.get("config") or {}).get("warmup_for")
+
+
 def data_source(config: dict[str, Any] | None) -> str:
     """Where a run's data came from, in a few words: synthetic, a file's name, site files."""
     config = config or {}

@@ -169,3 +169,13 @@ def test_wide_tables_show_every_column_at_1280_px(browser, store, shots):
         for needle in needles:
             assert needle in headers, (name, needle, headers)
         page.close()
+
+
+def test_the_dashboard_opens_on_the_newest_training_run(browser, store, shots):
+    page = visit(browser)  # the newest run is the evaluation job
+    page.screenshot(path=str(shots / "layout_landing.png"), full_page=True)
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert f"Run {store['sized']} · codasca" in main, main[:300]
+    assert "evaluation job" not in main
+    page.get_by_role("heading", name="Overview").wait_for()
+    page.close()

@@ -90,7 +90,7 @@ def main() -> None:
         st.title("Evaluations")
         st.info(f"No runs in `{common.runs_dir()}` yet.")
         return
-    body(st.session_state.get(common.RUN_KEY) or runs["id"].iloc[0])
+    body(common.picked_run(runs))
 
 
 main()
