@@ -72,3 +72,11 @@ def test_a_run_without_an_evaluation_job_says_so(monkeypatch, store_dir):
     path, _, empty, _ = store_dir
     at = open_page(monkeypatch, path, "evaluations", empty)
     assert "No evaluation job recorded under this run" in at.info[0].value
+
+
+def test_a_job_is_listed_on_the_run_whose_model_it_scored(store_dir):
+    path, job, empty, _ = store_dir
+    scored = evaluations_data.jobs(path, "train-1")  # the model card's run_id
+    assert scored["run_id"].tolist() == [job] and scored["split"].tolist() == ["test"]
+    assert evaluations_data.jobs(path, job)["run_id"].tolist() == [job]
+    assert evaluations_data.jobs(path, empty).empty

@@ -179,3 +179,18 @@ def test_the_dashboard_opens_on_the_newest_training_run(browser, store, shots):
     assert "evaluation job" not in main
     page.get_by_role("heading", name="Overview").wait_for()
     page.close()
+
+
+def test_a_training_runs_evaluations_page_lists_the_jobs_that_scored_its_model(
+    browser, store, shots
+):
+    page = visit(browser, "Evaluations", "run-complete")
+    page.screenshot(path=str(shots / "layout_evaluations.png"), full_page=True)
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert "No evaluation job" not in main
+    assert f"scored in run {store['job']}" in main, main[:600]
+    assert "held out (never trained on): south" in main
+    (forest,) = [c for c in charts(page) if c["rules"]]
+    rows = ["north", "pooled (east, north, south, west)", "south", "west"]  # east: one class
+    assert forest["y"] and sorted(forest["y"][0]) == rows, forest["y"]
+    page.close()

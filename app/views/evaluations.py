@@ -22,20 +22,31 @@ def body(run_id: str) -> None:
     table = jobs(common.runs_dir(), run_id)
     if table.empty:
         st.info(
-            "No evaluation job recorded under this run. `fed-auc evaluate --federation CONFIG` "
-            "records one as its own run; `--hold-out SITE` training runs record their export's."
+            "No evaluation job recorded under this run, and none scored its model. "
+            "`fed-auc evaluate --federation CONFIG` records one as its own run; `--hold-out "
+            "SITE` training runs record their export's."
         )
         return
+    job_runs = list(dict.fromkeys(table["run_id"]))  # newest first, this run's own first
+    if len(job_runs) > 1:
+        job_run = st.selectbox(
+            "Evaluation job", job_runs, format_func=lambda r: _job_label(r, run_id), key="job"
+        )
+    else:
+        job_run = job_runs[0]
+    table = table[table["run_id"] == job_run]
     splits = table["split"].tolist()
     split = st.selectbox("Split", splits) if len(splits) > 1 else splits[0]
     job = table[table["split"] == split].iloc[0]
     names = job["label_names"]
     label = st.selectbox("Finding", names) if len(names) > 1 else names[0]
-    sites = site_rows(common.runs_dir(), run_id, split)
+    sites = site_rows(common.runs_dir(), job_run, split)
     held = job["held_out"] or []
+    where = "this run" if job_run == run_id else f"run {job_run}"
     st.caption(
         f"Model {job['model']} (trained in run {job['model_run_id']}), {split} split, scored "
-        f"over {job['transport']} at {len(sites)} site(s); held out (never trained on): "
+        f"in {where} over {job['transport']} at {len(sites)} site(s); held out (never "
+        "trained on): "
         f"{', '.join(held) or 'none'}. CIs: percentile bootstrap on each node; pooled: from "
         "the sites' binned score counts, its CI from resampling those counts."
     )
@@ -80,6 +91,10 @@ def body(run_id: str) -> None:
     if bins and threshold is not None and threshold < 1.0:
         st.subheader(f"Operating point at the card's threshold {threshold:.3f}")
         show_operating_tables(operating_table(bins, threshold), threshold)
+
+
+def _job_label(job_run: str, run_id: str) -> str:
+    return "recorded under this run" if job_run == run_id else f"scored in run {job_run}"
 
 
 def main() -> None:
