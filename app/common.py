@@ -142,6 +142,7 @@ def status_banner(data: RunData) -> None:
     progress = f"round {done if done is not None else '–'} of {planned or '?'}"
     st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
     st.sidebar.caption(_describe(run))
+    warmup_link(data)
     if run["status"] == "failed":
         error = (run.get("summary") or {}).get("error", "no error message recorded")
         st.error(f"Run {run['id']} failed at {progress}: {error}")
@@ -155,6 +156,34 @@ def status_banner(data: RunData) -> None:
             )
         else:
             st.info(f"Run {run['id']} is live: {progress}.")
+
+
+def _open_run(run_id: str) -> None:
+    st.session_state[RUN_KEY] = run_id
+
+
+def warmup_link(data: RunData) -> None:
+    """A warm-up run names the run it warm-started, and a warm-started run its warm-up, each
+    with a button that opens the other."""
+    runs = load_runs()
+    main = data.warmup_for
+    if main:
+        text = (
+            f"Warm-up of run {main}: {data.planned_rounds or '?'} rounds of fedavg with "
+            "cross-entropy that started its AUC phase, recorded as a run of its own (its "
+            "rounds are numbered from 0; its sites are the main run's)."
+        )
+        other = main
+    else:
+        warm = runs[[queries.warmup_for(r) == data.run["id"] for r in runs.to_dict("records")]]
+        if warm.empty:
+            return
+        other = str(warm["id"].iloc[0])
+        text = f"Warm-started by run {other} (fedavg with cross-entropy, a run of its own)."
+    cols = st.columns([4, 1])
+    cols[0].info(text)
+    if other in set(runs["id"]):
+        cols[1].button(f"Open run {other}", on_click=_open_run, args=(other,), key="warmup_link")
 
 
 def _describe(run: dict) -> str:
