@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import common
 from app.charts import rows_autosize, rows_height
-from app.clinical import operating_table, show_operating_tables
+from app.clinical import card_edge, operating_table, show_operating_tables
 from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
 
 COLOURS = alt.Scale(
@@ -88,8 +88,11 @@ def body(run_id: str) -> None:
         if row.labels is not None:
             threshold = row.labels[label]["threshold"]
             break
-    if bins and threshold is not None and threshold < 1.0:
+    if bins and threshold is not None:
         st.subheader(f"Operating point at the card's threshold {threshold:.3f}")
+        threshold, note = card_edge(bins, threshold)
+        if note:
+            st.warning(note)
         show_operating_tables(operating_table(bins, threshold), threshold)
 
 

@@ -9,6 +9,7 @@ import streamlit as st
 from app import common
 from app.clinical import (
     calibration_frame,
+    card_edge,
     exported_bins,
     operating_table,
     show_operating_tables,
@@ -37,13 +38,16 @@ def body(data: RunData) -> None:
             "on): run `fed-auc evaluate` on the model, or train the run again."
         )
         return
-    threshold = choice.thresholds[label] if label < len(choice.thresholds) else 0.5
+    card = choice.thresholds[label] if label < len(choice.thresholds) else 0.5
+    threshold, note = card_edge(bins, card)
+    if note:
+        st.warning(note)
     table = operating_table(with_pooled(bins), threshold)
     st.caption(
         f"{choice.caption}; pooled = all {len(bins)} scored sites' test images together. "
         f"Positive class: {common.positive_class_text(data)}: sensitivity is the share of its "
         "images called positive, specificity the share of the others called negative. "
-        f"The model card's threshold {threshold:.3f} ({choice.threshold_note}); positive if "
+        f"The model card's threshold {card:.3f} ({choice.threshold_note}); positive if "
         "score ≥ threshold. "
         "95 % CIs: Wilson score intervals. Sensitivity at 90 % / 95 % specificity: the highest "
         "sensitivity of a threshold whose specificity reaches the target at that site."
