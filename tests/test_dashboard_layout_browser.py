@@ -159,7 +159,8 @@ def test_wide_tables_show_every_column_at_1280_px(browser, store, shots):
     }
     for (name, run_id), needles in wanted.items():
         page = visit(browser, name, run_id)
-        page.screenshot(path=str(shots / f"layout_tables_{name.lower()}.png"), full_page=True)
+        shot = shots / f"layout_tables_{name.lower().replace(' ', '_')}.png"
+        page.screenshot(path=str(shot), full_page=True)
         found = tables(page)
         assert found, name
         for table in found:
