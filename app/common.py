@@ -173,17 +173,19 @@ def warmup_link(data: RunData) -> None:
             "cross-entropy that started its AUC phase, recorded as a run of its own (its "
             "rounds are numbered from 0; its sites are the main run's)."
         )
-        other = main
+        other, button = main, "Open main run"
     else:
         warm = runs[[queries.warmup_for(r) == data.run["id"] for r in runs.to_dict("records")]]
         if warm.empty:
             return
-        other = str(warm["id"].iloc[0])
+        other, button = str(warm["id"].iloc[0]), "Open warm-up"
         text = f"Warm-started by run {other} (fedavg with cross-entropy, a run of its own)."
-    cols = st.columns([4, 1])
+    cols = st.columns([3, 1], vertical_alignment="center")
     cols[0].info(text)
-    if other in set(runs["id"]):
-        cols[1].button(f"Open run {other}", on_click=_open_run, args=(other,), key="warmup_link")
+    if other in set(runs["id"]) and cols[1].button(
+        button, on_click=_open_run, args=(other,), key="warmup_link"
+    ):
+        st.rerun()  # the whole app (a live run's page is a fragment): the picker follows
 
 
 def _describe(run: dict) -> str:
