@@ -30,7 +30,11 @@ def heatmap(
     y_title: str = "site",
     square: bool = False,
 ) -> alt.Chart:
-    """One labelled row per ``y`` value (every label drawn), sized to the number of rows."""
+    """One labelled row per ``y`` value (every label drawn), sized to the number of rows.
+
+    ``height`` is the plot's own (its rows), never the whole chart's: Streamlit sizes a
+    chart without ``autosize`` to fit axes, titles and legend into ``height`` too, which
+    squashed the rows of a heat map with long x labels to a hairline."""
     n_rows = frame[y.split(":")[0]].nunique()
     height = rows_height(n_rows)
     chart = (
@@ -42,8 +46,14 @@ def heatmap(
             color=color,
             tooltip=tooltip,
         )
-        .properties(height=height)
+        .properties(height=height, autosize=rows_autosize(fit_width=not square))
     )
     if square:
-        chart = chart.properties(width=height + 120)
+        chart = chart.properties(width=height)
     return chart
+
+
+def rows_autosize(fit_width: bool = True) -> alt.AutoSizeParams:
+    """Keep a chart's height for its plot (rows), axes and legend added around it; with
+    ``fit_width`` its width still fits the page (``st.altair_chart(width="stretch")``)."""
+    return alt.AutoSizeParams(type="fit-x" if fit_width else "pad", contains="padding")

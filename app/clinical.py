@@ -14,6 +14,7 @@ import pandas as pd
 from app.model_view import EXPORTED
 from app.queries import RunData
 from fed_auc.operating_point import (
+    EDGE_TOLERANCE,
     ScoreBins,
     at_threshold,
     curve,
@@ -41,6 +42,32 @@ def with_pooled(bins: dict[str, ScoreBins]) -> dict[str, ScoreBins]:
     if len(bins) < 2:
         return dict(bins)
     return {**bins, POOLED: pool(list(bins.values()))}
+
+
+def card_edge(bins: dict[str, ScoreBins], threshold: float) -> tuple[float, str | None]:
+    """The score-bin edge at which the figures for the card's ``threshold`` are computed,
+    and, when it is not the threshold itself, a note that says why.
+
+    The counts resolve "score ≥ t" only at their edges below 1. A card threshold of 1.0 is
+    what Youden's J gives when no threshold beats chance on the validation scores (a nearly
+    untrained model): such a model calls no image positive; the figures are at the highest
+    edge the counts resolve."""
+    edges = next(iter(bins.values())).edges[:-1]
+    edge = float(edges[int(np.argmin(np.abs(edges - threshold)))])
+    if abs(edge - threshold) <= EDGE_TOLERANCE:
+        return float(threshold), None
+    if threshold > edges[-1]:
+        return edge, (
+            f"The model card's threshold is {threshold:.3f}: Youden's J on the validation "
+            "scores found no threshold better than chance (is the model nearly untrained?), "
+            f"and at {threshold:.3f} it calls no image positive. The score counts resolve "
+            f"thresholds up to {edge:.3f}: the figures below are at {edge:.3f}, which differs "
+            f"from {threshold:.3f} only for images scoring {edge:.3f} or more."
+        )
+    return edge, (
+        f"The model card's threshold {threshold:.3f} is not an edge of the stored score "
+        f"counts: the figures below are at the nearest edge, {edge:.3f}."
+    )
 
 
 def operating_table(bins: dict[str, ScoreBins], threshold: float) -> pd.DataFrame:
@@ -85,6 +112,49 @@ def readable(table: pd.DataFrame) -> pd.DataFrame:
         ]
     out["Brier"] = table["brier"]
     return out
+
+
+COUNTS = ["positives", "negatives", "TP", "FN", "TN", "FP"]
+AT_THRESHOLD = [f"{t} (95 % CI)" for t in ("sensitivity", "specificity", "PPV", "NPV")]
+FIXED_SPECIFICITY = [
+    "sensitivity @ 90 % spec. (95 % CI)", "sensitivity @ 95 % spec. (95 % CI)", "Brier"
+]  # fmt: skip
+
+
+def readable_parts(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``readable(table)`` as three tables narrow enough to show every column on a laptop:
+    the figures at the threshold, the counts behind them, and sensitivity at fixed
+    specificity with the Brier score; each keeps the site column."""
+    full = readable(table)
+    return {
+        "at the threshold": full[["site", *AT_THRESHOLD]],
+        "counts": full[["site", *COUNTS]],
+        "fixed specificity": full[["site", *FIXED_SPECIFICITY]],
+    }
+
+
+def show_operating_tables(table: pd.DataFrame, threshold: float) -> None:
+    """The three ``readable_parts`` tables, each under a line that says what it holds."""
+    import streamlit as st
+
+    parts = readable_parts(table)
+    captions = {
+        "at the threshold": f"Sensitivity, specificity, PPV and NPV at threshold "
+        f"{threshold:.3f}, with 95 % CIs.",
+        "counts": f"Test images per site and what threshold {threshold:.3f} calls them "
+        "(TP, FN: positives called positive, negative; TN, FP: negatives called negative, "
+        "positive).",
+        "fixed specificity": "Sensitivity at 90 % and 95 % specificity (95 % CIs), and the "
+        "Brier score.",
+    }
+    for key, frame in parts.items():
+        st.caption(captions[key])
+        st.dataframe(
+            frame,
+            hide_index=True,
+            width="stretch",
+            column_config={"Brier": st.column_config.NumberColumn(format="%.3f")},
+        )
 
 
 def calibration_frame(bins: dict[str, ScoreBins]) -> pd.DataFrame:

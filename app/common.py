@@ -70,8 +70,21 @@ def run_picker() -> None:
         return
     labels = dict(zip(runs["id"], runs["label"], strict=True))
     if st.session_state.get(RUN_KEY) not in labels:
-        st.session_state.pop(RUN_KEY, None)
+        st.session_state[RUN_KEY] = landing_run(runs)
     st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key=RUN_KEY)
+
+
+def landing_run(runs: pd.DataFrame) -> str:
+    """The run the dashboard opens on: the newest training run (not an evaluation job, not a
+    warm-up, which its main run names), else the newest run."""
+    training = runs[[queries.is_training(row) for row in runs.to_dict("records")]]
+    return str((training if not training.empty else runs)["id"].iloc[0])
+
+
+def picked_run(runs: pd.DataFrame) -> str:
+    """The run picked in the sidebar, or the landing run before the picker has drawn."""
+    picked = st.session_state.get(RUN_KEY)
+    return picked if picked in set(runs["id"]) else landing_run(runs)
 
 
 def current_run() -> RunData:
@@ -87,7 +100,7 @@ def current_run() -> RunData:
     if runs.empty:
         st.info(f"The run store in `{runs_dir()}` has no runs yet.")
         st.stop()
-    run_id = st.session_state.get(RUN_KEY) or runs["id"].iloc[0]
+    run_id = picked_run(runs)
     data = load_run(run_id)
     status_banner(data)
     synthetic_badge(data)
@@ -129,6 +142,7 @@ def status_banner(data: RunData) -> None:
     progress = f"round {done if done is not None else '–'} of {planned or '?'}"
     st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
     st.sidebar.caption(_describe(run))
+    warmup_link(data)
     if run["status"] == "failed":
         error = (run.get("summary") or {}).get("error", "no error message recorded")
         st.error(f"Run {run['id']} failed at {progress}: {error}")
@@ -142,6 +156,36 @@ def status_banner(data: RunData) -> None:
             )
         else:
             st.info(f"Run {run['id']} is live: {progress}.")
+
+
+def _open_run(run_id: str) -> None:
+    st.session_state[RUN_KEY] = run_id
+
+
+def warmup_link(data: RunData) -> None:
+    """A warm-up run names the run it warm-started, and a warm-started run its warm-up, each
+    with a button that opens the other."""
+    runs = load_runs()
+    main = data.warmup_for
+    if main:
+        text = (
+            f"Warm-up of run {main}: {data.planned_rounds or '?'} rounds of fedavg with "
+            "cross-entropy that started its AUC phase, recorded as a run of its own (its "
+            "rounds are numbered from 0; its sites are the main run's)."
+        )
+        other, button = main, "Open main run"
+    else:
+        warm = runs[[queries.warmup_for(r) == data.run["id"] for r in runs.to_dict("records")]]
+        if warm.empty:
+            return
+        other, button = str(warm["id"].iloc[0]), "Open warm-up"
+        text = f"Warm-started by run {other} (fedavg with cross-entropy, a run of its own)."
+    cols = st.columns([3, 1], vertical_alignment="center")
+    cols[0].info(text)
+    if other in set(runs["id"]) and cols[1].button(
+        button, on_click=_open_run, args=(other,), key="warmup_link"
+    ):
+        st.rerun()  # the whole app (a live run's page is a fragment): the picker follows
 
 
 def _describe(run: dict) -> str:

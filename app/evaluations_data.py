@@ -21,11 +21,18 @@ POOLED = "pooled"
 
 
 def jobs(runs_dir: str | Path, run_id: str) -> pd.DataFrame:
-    """The evaluation jobs recorded under one run (one row per split); empty if none."""
+    """The evaluation jobs of one run (one row per job run and split), newest first: those
+    recorded under it (an evaluation-only run, a hold-out run scoring its export) and those
+    that scored the model it trained (``model_run_id``, from the model's card), wherever
+    they were recorded; empty if none."""
     if not _has_table(runs_dir, "evaluations"):  # stores written before evaluation jobs
         return pd.DataFrame(columns=["run_id", "split", "model", "label_names", "held_out"])
-    frame = _frame(runs_dir, "SELECT * FROM evaluations WHERE run_id = ? ORDER BY split DESC",
-                   (run_id,))  # fmt: skip
+    frame = _frame(
+        runs_dir,
+        "SELECT * FROM evaluations WHERE run_id = ? OR model_run_id = ?"
+        " ORDER BY run_id = ? DESC, recorded_at DESC, run_id, split DESC",
+        (run_id, run_id, run_id),
+    )
     for column in ("label_names", "held_out", "pooled", "failures"):
         frame[column] = frame[column].map(lambda v: json.loads(v) if isinstance(v, str) else None)
     return frame

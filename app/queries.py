@@ -62,12 +62,14 @@ def _decode(text: str) -> Any:
 
 def runs(runs_dir: str | Path) -> pd.DataFrame:
     """Every run, newest first, with what tells runs apart: algorithm, data source, transport,
-    number of sites, whether the data are synthetic, final AUC; and a label for pickers."""
+    number of sites (its data cards, else the sites of its rounds: a warm-up run records no
+    cards), whether the data are synthetic, final AUC; and a label for pickers."""
     frame = _frame(
         runs_dir,
         "SELECT runs.*, (SELECT MAX(round) FROM rounds WHERE run_id = runs.id) AS last_round,"
         " (SELECT global_auc FROM rounds WHERE run_id = runs.id ORDER BY round DESC LIMIT 1)"
-        " AS last_auc, (SELECT COUNT(*) FROM sites WHERE run_id = runs.id) AS n_sites,"
+        " AS last_auc, COALESCE(NULLIF((SELECT COUNT(*) FROM sites WHERE run_id = runs.id), 0),"
+        " (SELECT COUNT(DISTINCT site) FROM site_rounds WHERE run_id = runs.id)) AS n_sites,"
         " (SELECT MIN(json_extract(summary, '$.source') = 'synthetic') FROM sites"
         " WHERE run_id = runs.id) AS synthetic FROM runs ORDER BY started_at DESC",
     )
@@ -82,6 +84,17 @@ def runs(runs_dir: str | Path) -> pd.DataFrame:
     ]
     frame["label"] = [run_label(row) for row in frame.to_dict("records")]
     return frame
+
+
+def is_training(run: dict[str, Any]) -> bool:
+    """A run that trained a model of its own: not an evaluation job (algorithm ``evaluate``)
+    and not the warm-up of another run (config ``warmup_for``)."""
+    return run["algorithm"] != "evaluate" and not warmup_for(run)
+
+
+def warmup_for(run: dict[str, Any]) -> str | None:
+    """The main run a warm-up run warm-started (config ``warmup_for``), else None."""
+    return (run.get("config") or {}).get("warmup_for")
 
 
 def data_source(config: dict[str, Any] | None) -> str:
@@ -121,8 +134,9 @@ def run_label(run: dict[str, Any]) -> str:
     auc = run.get("final_auc")
     auc_text = "AUC –" if auc is None or auc != auc else f"AUC {auc:.3f}"
     started = pd.to_datetime(run["started_at"], unit="s").strftime("%m-%d %H:%M")
+    warm = warmup_for(run)
     parts = [
-        run["algorithm"],
+        run["algorithm"] + (f" (warm-up of {warm})" if warm else ""),
         run["data_source"]
         + (" (synthetic)" if run["synthetic"] and run["data_source"] != "synthetic" else ""),
         run["transport"],
@@ -148,8 +162,15 @@ class RunData:
 
     @property
     def planned_rounds(self) -> int | None:
-        value = (self.run["config"] or {}).get("rounds")
+        """The rounds the run planned: a warm-up run plans ``warmup_rounds`` (its config is
+        its main run's, whose ``rounds`` are the main run's)."""
+        config = self.run["config"] or {}
+        value = config.get("warmup_rounds") if warmup_for(self.run) else config.get("rounds")
         return int(value) if value is not None else None
+
+    @property
+    def warmup_for(self) -> str | None:
+        return warmup_for(self.run)
 
 
 def run_data(runs_dir: str | Path, run_id: str) -> RunData:
@@ -175,6 +196,9 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
     for column in _JSON_COLUMNS:
         site_rounds[column] = site_rounds[column].map(_loads)
     sites = _frame(runs_dir, "SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))
+    main = warmup_for(match.iloc[0].to_dict())
+    if sites.empty and main:  # a warm-up trains on its main run's sites: their data cards
+        sites = _frame(runs_dir, "SELECT * FROM sites WHERE run_id = ? ORDER BY site", (main,))
     sites["summary"] = sites["summary"].map(_loads)
     events = _frame(runs_dir, "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
     evaluations = pd.DataFrame(columns=["run_id", "model", "split", "site", "labels"])

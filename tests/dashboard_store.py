@@ -180,3 +180,53 @@ def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
             store.record_round(run_id, RoundRecord(round_, global_auc=0.7, sites=rows))
         store.finish_run(run_id, "completed", {})
     return run_id
+
+
+def fill_evaluation_job(runs_dir: Path, model_run_id: str, held_out: tuple[str, ...] = ()) -> str:
+    """An evaluation job (its own ``evaluate`` run, id made as the CLI makes it) that scored
+    the model ``model_run_id`` exported at every site of ``SITES``; returns the job's run id."""
+    from fed_auc.evaluate import label_result
+    from fed_auc.evaluation_job import EvaluationRequest, combine
+
+    request = EvaluationRequest("fed-auc-model/1", {}, ["finding"], [THRESHOLD], "none",
+                                ["test"], 200, 0)  # fmt: skip
+    answers = {}
+    for site in SITES:
+        labels, scores = split_of(site, EXPORTED_ROUND)
+        result = label_result(labels, scores, THRESHOLD, 200, 0)
+        answers[site] = {"site": site, "splits": {"test": {"finding": result}}}
+    result = combine(answers, request, "test", held_out=list(held_out))
+    result.update(model=f"runs/{model_run_id}/model", model_run_id=model_run_id,
+                  transport="flower")  # fmt: skip
+    with RunStore(runs_dir) as store:
+        job = store.create_run("evaluate", {"transport": "flower", "evaluation": {}})
+        store.record_sites(job, {s: card(s) for s in SITES})
+        store.record_evaluation(job, "test", result)
+        store.finish_run(job, "completed", {"held_out": list(held_out)})
+    return job
+
+
+def fill_warmup(runs_dir: Path, warm_rounds: int = 10, rounds: int = 60) -> tuple[str, str]:
+    """A main run of ``rounds`` planned rounds warm-started by a fedavg run of
+    ``warm_rounds`` rounds, recorded as ``fed_auc.run.warm_start`` records it (its own run,
+    config ``warmup_for``, the main run's config otherwise, no data cards of its own; the main
+    run records its cards after the warm-up);
+    returns (warm-up id, main id)."""
+    config = {"rounds": rounds, "warmup_rounds": warm_rounds, "transport": "local"}
+    with RunStore(runs_dir) as store:
+        main = store.create_run("codasca", config, run_id="run-main")
+        warm = store.create_run(
+            "fedavg", {**config, "loss": "ce", "warmup_for": main}, run_id="run-warmup"
+        )
+        for round_ in range(warm_rounds + 1):
+            statuses = dict.fromkeys(SITES, "initial" if round_ == 0 else "completed")
+            record = _round(round_, statuses)
+            record.global_auc = 0.5 + 0.01 * round_  # an AUC, whatever the round
+            store.record_round(warm, record)
+        store.finish_run(warm, "completed", {"warmup_for": main})
+        store.add_event(main, f"warm start: {warm_rounds} fedavg+CE rounds, run {warm}")
+        store.record_sites(main, {s: card(s) for s in SITES})  # after the warm-up, as there
+        for round_ in range(3):
+            statuses = dict.fromkeys(SITES, "initial" if round_ == 0 else "completed")
+            store.record_round(main, _round(round_, statuses))
+    return warm, main

@@ -102,8 +102,8 @@ def test_overview_headline_is_the_exported_model_and_the_last_round_comes_second
     runs = at.dataframe[0].value
     assert len(runs) == 5
     row = runs.set_index("id").loc["run-complete"]
-    assert row["transport"] == "flower" and row["sites"] == 4 and bool(row["synthetic"])
-    assert row["final AUC (exported, else last round)"] == pytest.approx(0.61)
+    assert row["transport"] == "flower" and row["sites"] == 4 and row["data"] == "synthetic"
+    assert row["final AUC"] == pytest.approx(0.61)
 
 
 def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch, store_dir):

@@ -63,7 +63,7 @@ def test_the_page_draws_the_job_and_names_what_did_not_report(monkeypatch, store
     assert "held out (never trained on): south" in caption and "over flower" in caption
     assert any("west (dropped: no answer within 60 s)" in w.value for w in at.warning)
     tables = at.dataframe
-    assert len(tables) == 2  # the forest's numbers and the operating point
+    assert len(tables) == 4  # the forest's numbers and the operating point's three tables
     operating = tables[1].value
     assert set(operating["site"]) == {"north", "south", "east", "pooled"}
 
@@ -72,3 +72,11 @@ def test_a_run_without_an_evaluation_job_says_so(monkeypatch, store_dir):
     path, _, empty, _ = store_dir
     at = open_page(monkeypatch, path, "evaluations", empty)
     assert "No evaluation job recorded under this run" in at.info[0].value
+
+
+def test_a_job_is_listed_on_the_run_whose_model_it_scored(store_dir):
+    path, job, empty, _ = store_dir
+    scored = evaluations_data.jobs(path, "train-1")  # the model card's run_id
+    assert scored["run_id"].tolist() == [job] and scored["split"].tolist() == ["test"]
+    assert evaluations_data.jobs(path, job)["run_id"].tolist() == [job]
+    assert evaluations_data.jobs(path, empty).empty

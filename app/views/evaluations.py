@@ -7,7 +7,8 @@ import altair as alt
 import streamlit as st
 
 from app import common
-from app.clinical import operating_table, readable
+from app.charts import rows_autosize, rows_height
+from app.clinical import card_edge, operating_table, show_operating_tables
 from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
 
 COLOURS = alt.Scale(
@@ -21,20 +22,31 @@ def body(run_id: str) -> None:
     table = jobs(common.runs_dir(), run_id)
     if table.empty:
         st.info(
-            "No evaluation job recorded under this run. `fed-auc evaluate --federation CONFIG` "
-            "records one as its own run; `--hold-out SITE` training runs record their export's."
+            "No evaluation job recorded under this run, and none scored its model. "
+            "`fed-auc evaluate --federation CONFIG` records one as its own run; `--hold-out "
+            "SITE` training runs record their export's."
         )
         return
+    job_runs = list(dict.fromkeys(table["run_id"]))  # newest first, this run's own first
+    if len(job_runs) > 1:
+        job_run = st.selectbox(
+            "Evaluation job", job_runs, format_func=lambda r: _job_label(r, run_id), key="job"
+        )
+    else:
+        job_run = job_runs[0]
+    table = table[table["run_id"] == job_run]
     splits = table["split"].tolist()
     split = st.selectbox("Split", splits) if len(splits) > 1 else splits[0]
     job = table[table["split"] == split].iloc[0]
     names = job["label_names"]
     label = st.selectbox("Finding", names) if len(names) > 1 else names[0]
-    sites = site_rows(common.runs_dir(), run_id, split)
+    sites = site_rows(common.runs_dir(), job_run, split)
     held = job["held_out"] or []
+    where = "this run" if job_run == run_id else f"run {job_run}"
     st.caption(
         f"Model {job['model']} (trained in run {job['model_run_id']}), {split} split, scored "
-        f"over {job['transport']} at {len(sites)} site(s); held out (never trained on): "
+        f"in {where} over {job['transport']} at {len(sites)} site(s); held out (never "
+        "trained on): "
         f"{', '.join(held) or 'none'}. CIs: percentile bootstrap on each node; pooled: from "
         "the sites' binned score counts, its CI from resampling those counts."
     )
@@ -42,7 +54,9 @@ def body(run_id: str) -> None:
     defined = frame.dropna(subset=["auc"])
     if not defined.empty:
         base = alt.Chart(defined).encode(
-            y=alt.Y("site:N", sort=None, title=None),
+            y=alt.Y(
+                "site:N", sort=None, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=300)
+            ),
             color=alt.Color("kind:N", scale=COLOURS, title=None),
         )
         bars = base.mark_rule().encode(
@@ -52,7 +66,10 @@ def body(run_id: str) -> None:
             x="auc:Q", shape=alt.Shape("kind:N", title=None),
             tooltip=["site", "kind", "n", "positives", "auc", "ci_lo", "ci_hi", "error_bound"],
         )  # fmt: skip
-        st.altair_chart(bars + points, width="stretch")
+        chart = (bars + points).properties(
+            height=rows_height(len(defined)), autosize=rows_autosize()
+        )  # one labelled row per site and the pooled row
+        st.altair_chart(chart, width="stretch")
     shown = frame.assign(
         AUC=[
             r.note if r.auc is None or r.auc != r.auc else f"{r.auc:.3f}"
@@ -71,9 +88,16 @@ def body(run_id: str) -> None:
         if row.labels is not None:
             threshold = row.labels[label]["threshold"]
             break
-    if bins and threshold is not None and threshold < 1.0:
+    if bins and threshold is not None:
         st.subheader(f"Operating point at the card's threshold {threshold:.3f}")
-        st.dataframe(readable(operating_table(bins, threshold)), hide_index=True, width="stretch")
+        threshold, note = card_edge(bins, threshold)
+        if note:
+            st.warning(note)
+        show_operating_tables(operating_table(bins, threshold), threshold)
+
+
+def _job_label(job_run: str, run_id: str) -> str:
+    return "recorded under this run" if job_run == run_id else f"scored in run {job_run}"
 
 
 def main() -> None:
@@ -84,7 +108,7 @@ def main() -> None:
         st.title("Evaluations")
         st.info(f"No runs in `{common.runs_dir()}` yet.")
         return
-    body(st.session_state.get(common.RUN_KEY) or runs["id"].iloc[0])
+    body(common.picked_run(runs))
 
 
 main()

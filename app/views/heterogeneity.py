@@ -58,7 +58,7 @@ def body(data: RunData) -> None:
             x_title="other site",
             square=True,
         )
-        st.altair_chart(heat)
+        st.altair_chart(heat, width="content")
 
     trained = data.site_rounds[data.site_rounds["round"] > 0]
     if trained["drift"].notna().any():

@@ -9,9 +9,10 @@ import streamlit as st
 from app import common
 from app.clinical import (
     calibration_frame,
+    card_edge,
     exported_bins,
     operating_table,
-    readable,
+    show_operating_tables,
     with_pooled,
 )
 from app.model_view import EXPORTED, choices
@@ -37,24 +38,22 @@ def body(data: RunData) -> None:
             "on): run `fed-auc evaluate` on the model, or train the run again."
         )
         return
-    threshold = choice.thresholds[label] if label < len(choice.thresholds) else 0.5
+    card = choice.thresholds[label] if label < len(choice.thresholds) else 0.5
+    threshold, note = card_edge(bins, card)
+    if note:
+        st.warning(note)
     table = operating_table(with_pooled(bins), threshold)
     st.caption(
         f"{choice.caption}; pooled = all {len(bins)} scored sites' test images together. "
         f"Positive class: {common.positive_class_text(data)}: sensitivity is the share of its "
         "images called positive, specificity the share of the others called negative. "
-        f"The model card's threshold {threshold:.3f} ({choice.threshold_note}); positive if "
+        f"The model card's threshold {card:.3f} ({choice.threshold_note}); positive if "
         "score ≥ threshold. "
         "95 % CIs: Wilson score intervals. Sensitivity at 90 % / 95 % specificity: the highest "
         "sensitivity of a threshold whose specificity reaches the target at that site."
     )
     st.subheader(f"At threshold {threshold:.3f}")
-    st.dataframe(
-        readable(table),
-        hide_index=True,
-        width="stretch",
-        column_config={"Brier": st.column_config.NumberColumn(format="%.3f")},
-    )
+    show_operating_tables(table, threshold)
     st.subheader("Calibration")
     calibration = calibration_frame(with_pooled(bins))
     sites = calibration["site"].unique().tolist()

@@ -12,6 +12,7 @@ from app.queries import RunData
 from app.tables import fmt
 from fed_auc.operating_point import auc_from_bins
 
+FINAL_AUC = "final AUC"
 ROUND_AXIS = alt.Axis(format="d", tickMinStep=1)
 SERIES = {
     "global_auc": "pooled test AUC",
@@ -132,7 +133,6 @@ def body(data: RunData) -> None:
             "id",
             "algorithm",
             "data_source",
-            "synthetic",
             "transport",
             "n_sites",
             "status",
@@ -140,19 +140,27 @@ def body(data: RunData) -> None:
             "final_auc",
         ]  # fmt: skip
     ].copy()
-    table.insert(7, "started", pd.to_datetime(runs["started_at"], unit="s"))
+    table.insert(6, "started", pd.to_datetime(runs["started_at"], unit="s"))
+    table["data_source"] = [  # "synthetic" in the data column, not a column of its own
+        f"{source} (synthetic)" if synthetic and source != "synthetic" else source
+        for source, synthetic in zip(runs["data_source"], runs["synthetic"], strict=True)
+    ]
     table.columns = [
-        "id", "algorithm", "data", "synthetic", "transport", "sites", "status", "started",
-        "last round", "final AUC (exported, else last round)",
+        "id", "algorithm", "data", "transport", "sites", "status", "started",
+        "last round", FINAL_AUC,
     ]  # fmt: skip
+    st.caption(f"{FINAL_AUC}: the exported model's pooled test AUC, else the last round's.")
     st.dataframe(
         table,
         hide_index=True,
         width="stretch",
         column_config={
-            "final AUC (exported, else last round)": st.column_config.NumberColumn(format="%.3f")
+            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
+            FINAL_AUC: st.column_config.NumberColumn(
+                format="%.3f", help="The exported model's pooled test AUC, else the last round's"
+            ),
         },
-    )
+    )  # short headers: every column in view on a laptop
 
 
 def _ranges(rounds: list[int]) -> str:

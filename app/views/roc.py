@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common
-from app.clinical import POOLED, exported_bins, point_at, roc_frame, with_pooled
+from app.clinical import POOLED, card_edge, exported_bins, point_at, roc_frame, with_pooled
 from app.model_view import EXPORTED, choices
 from app.queries import RunData
 from app.tables import label_names, roc_curves
@@ -51,6 +51,9 @@ def _set_from_target(bins, edges: list[float]) -> None:
 def exported_view(data: RunData, choice, bins: dict, card: float) -> None:
     reference = bins.get(POOLED) or next(iter(bins.values()))
     edges = [float(e) for e in reference.edges[:-1]]
+    _, note = card_edge(bins, card)
+    if note:
+        st.warning(note.replace("the figures below are", "the slider starts"))
     if st.session_state.get(THRESHOLD_KEY) not in edges:
         st.session_state[THRESHOLD_KEY] = min(edges, key=lambda e: abs(e - card))
     cols = st.columns([3, 1])

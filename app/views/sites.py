@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common, privacy
+from app.charts import rows_autosize, rows_height
 from app.model_view import LAST, MIN_CLASS_COUNT, ModelChoice, choices, coverage, site_status
 from app.queries import RunData
 from app.tables import evaluated_rounds, fmt, site_table
@@ -75,7 +76,9 @@ def performance(data: RunData) -> None:
     if defined.empty:
         return
     order = defined["site"].tolist()
-    base = alt.Chart(defined).encode(y=alt.Y("site:N", title=None, sort=order))
+    base = alt.Chart(defined).encode(
+        y=alt.Y("site:N", title=None, sort=order, axis=alt.Axis(labelOverlap=False, labelLimit=200))
+    )
     ci = base.mark_rule().encode(
         x=alt.X("CI low:Q", title="test AUC (95 % CI)", scale=alt.Scale(domain=[0, 1])),
         x2="CI high:Q",
@@ -86,8 +89,10 @@ def performance(data: RunData) -> None:
         tooltip=["site", alt.Tooltip("AUC:Q", format=".3f"), "positives", "negatives"],
     )
     chance = alt.Chart(pd.DataFrame({"x": [0.5]})).mark_rule(strokeDash=[4, 4]).encode(x="x:Q")
-    height = max(120, 22 * len(defined))
-    st.altair_chart((ci + point + chance).properties(height=height), width="stretch")
+    forest = (ci + point + chance).properties(
+        height=rows_height(len(defined)), autosize=rows_autosize()
+    )  # one labelled row per site: the height is the rows', the axes come on top
+    st.altair_chart(forest, width="stretch")
     if extra is not None and "personal AUC" in extra:
         st.subheader("Personal vs global model")
         pair = extra.reset_index().melt(
