@@ -1,7 +1,7 @@
 """What a clinician reads about the exported model at its operating point, per site and
 pooled: counts, sensitivity / specificity / PPV / NPV with Wilson CIs, sensitivity at fixed
 specificities, calibration and Brier score. Pure pandas over the store's binned score counts
-(``fed_auc.operating_point`` does the arithmetic); no per-image score exists to read.
+(``fed_auc.metrics.operating_point`` does the arithmetic); no per-image score exists to read.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 
 from app.model_view import EXPORTED
 from app.queries import RunData
-from fed_auc.operating_point import (
+from fed_auc.metrics.operating_point import (
     EDGE_TOLERANCE,
     ScoreBins,
     at_threshold,
@@ -71,7 +71,8 @@ def card_edge(bins: dict[str, ScoreBins], threshold: float) -> tuple[float, str 
 
 
 def operating_table(bins: dict[str, ScoreBins], threshold: float) -> pd.DataFrame:
-    """One row per site (and pooled): every figure of ``fed_auc.operating_point.figures``."""
+    """One row per site (and pooled): every figure of
+    ``fed_auc.metrics.operating_point.figures``."""
     rows = []
     for site, counts in bins.items():
         rows.append({"site": site, **figures(counts, threshold)})

@@ -1,6 +1,6 @@
 """The store's evaluation jobs as tables the Evaluations page draws (no Streamlit here).
 
-One job: a model scored at every site of a federation (``fed_auc.evaluation_job``), recorded
+One job: a model scored at every site of a federation (``fed_auc.evaluate.job``), recorded
 under the run that did it. Per site and label: AUC with the node's bootstrap CI, held out or
 not, or why the site did not report; the pooled AUC from the sites' binned counts with its CI,
 the binning's error bound and the sites it covers; the operating point at the card's threshold.
@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from app.queries import _frame, _has_table
-from fed_auc.operating_point import ScoreBins
+from fed_auc.metrics.operating_point import ScoreBins
 
 POOLED = "pooled"
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from app.queries import RunData
 
-EXPORTED = "exported"  # fed_auc.run.EXPORTED: the store's name for the exported model
+EXPORTED = "exported"  # fed_auc.run.lifecycle.EXPORTED: the store's name for the exported model
 LAST = "last"
 MIN_CLASS_COUNT = 10  # fewer test positives or negatives than this: the AUC is mostly noise
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from fed_auc.store import STORE_FILE
+from fed_auc.store.run_store import STORE_FILE
 
 MB = 1e6
 _JSON_COLUMNS = ("trained_groups", "positives", "test_positives", "metrics")

@@ -46,7 +46,7 @@ def final_auc(
     """Pooled test AUC after T = ``steps`` local steps per site in rounds of I = ``window``."""
     import torch
 
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
 
     torch.set_num_threads(1)

@@ -19,9 +19,9 @@ from typing import Any
 from fragment import emit, provenance
 
 from fed_auc.algorithms import ALGORITHMS
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 
 ORDER = (
     "fedavg",

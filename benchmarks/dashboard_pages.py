@@ -42,9 +42,10 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
     """A completed run of ``sites`` sites and ``rounds`` rounds, as a federation writes it:
     the last site drops out after a quarter of the rounds; round 0.9 × rounds is exported."""
     sys.path.insert(0, str(ROOT))
-    from fed_auc.operating_point import default_edges, score_bins
-    from fed_auc.roc import roc_points
-    from fed_auc.store import RoundRecord, RunStore, SiteRound
+    from fed_auc.metrics.operating_point import default_edges, score_bins
+    from fed_auc.metrics.roc import roc_points
+    from fed_auc.store.records import RoundRecord, SiteRound
+    from fed_auc.store.run_store import RunStore
 
     rng = np.random.default_rng(seed)
     names = [f"site_{i:02d}" for i in range(sites)]

@@ -44,10 +44,10 @@ def run(
     """Pooled, worst-site and validation AUC of one run, and the largest ε a site spent."""
     import torch
 
-    from fed_auc.cli import DEMO
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.cli.simulate import DEMO
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
-    from fed_auc.store import RunStore
+    from fed_auc.store.run_store import RunStore
 
     torch.set_num_threads(1)
     config = {**DEMO, "rounds": rounds, "seed": seed, "norm": norm, **options}

@@ -2,12 +2,12 @@
 AUC when it did, and the time of a federated evaluation job next to a local one.
 
 For every seed: one federation trained with all sites and one per site without it
-(``fed_auc.holdout.leave_each_out`` over ``run_simulation`` with ``hold_out``); each export is
+(``fed_auc.run.holdout.leave_each_out`` over ``run_simulation`` with ``hold_out``); each export is
 scored at every site by the evaluation job (node-side bootstrap CI). Per site: held-out and
 in-federation test AUC, mean ± sd over seeds, and the paired difference (held out − in) with
 its 95 % t-interval. Timing: the evaluation job over in-process nodes (``run_job`` on a
 ``LocalTransport``: per-site reports, pooled AUC from binned counts) against local
-``fed_auc.evaluate.evaluate_model`` (per-image scores pooled) on the same model and test
+``fed_auc.evaluate.local.evaluate_model`` (per-image scores pooled) on the same model and test
 splits, both with 1000 bootstrap resamples, alternated, median of repeats; one torch thread.
 
     python benchmarks/external_validation.py --federation synthetic --seeds 0 1 2
@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from fed_auc.evaluate import evaluate_model, load_registered_model
-from fed_auc.evaluation_job import model_request, run_job
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.holdout import leave_each_out
-from fed_auc.node_setup import build_node
+from fed_auc.evaluate.job import model_request, run_job
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.build import build_node
+from fed_auc.registry.load import load_registered_model
+from fed_auc.run.holdout import leave_each_out
 from fed_auc.simulation import load_in_process_sites, run_simulation
 from fed_auc.transport.local import LocalTransport
 

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node import Node
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.codec import PER_TENSOR_ENV
 from fed_auc.transport.flower.launch import free_port
 

@@ -28,7 +28,7 @@ import torch
 from fragment import emit, provenance
 
 from fed_auc.data.sampling import BatchStream
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.simulation import build_federation

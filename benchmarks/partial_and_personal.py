@@ -29,9 +29,9 @@ from typing import Any
 
 from fragment import emit, provenance
 
-import fed_auc.coordinator as coordinator_module
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.partial import memory_table
+import fed_auc.coordinator.loop as coordinator_module
+from fed_auc.algorithms.partial import memory_table
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import run_simulation
 
 MEMORY_CASES = [("densenet121", 32), ("densenet121", 64), ("tiny", 28)]

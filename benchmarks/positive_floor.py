@@ -28,8 +28,8 @@ DEFAULT_FLOOR = 0.05
 
 def final_aucs(floor: float, rounds: int, seed: int, **options) -> tuple[float, float]:
     """Pooled and worst-site test AUC after the last round of the demo with this floor."""
-    from fed_auc.cli import DEMO
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.cli.simulate import DEMO
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
 
     config = {**DEMO, "rounds": rounds, "seed": seed, "min_pos_fraction": floor, **options}

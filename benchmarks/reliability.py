@@ -33,15 +33,15 @@ from fragment import command_line, emit
 from machine import describe
 from PIL import Image
 
-from fed_auc.algorithms.base import Reply
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.synthetic import DEFAULT_PROFILES
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.exchange import Reply
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import CorruptState, load_state, load_torch, save_state
-from fed_auc.node import Node
+from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore, StoreError
+from fed_auc.store.run_store import RunStore, StoreError
 
 DP_ROUNDS = 15
 SMALL = {"sites": 3, "rounds": 6, "local_steps": 2, "seed": 11, "data_scale": 0.4}

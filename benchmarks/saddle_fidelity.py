@@ -22,8 +22,8 @@ import time
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
-from fed_auc.privacy import Privacy
-from fed_auc.robust import Aggregation
+from fed_auc.coordinator.robust import Aggregation
+from fed_auc.privacy.update_dp import Privacy
 from tests.toy import ToyTrainable, toy_sites, zero_noise
 
 STEM = "w/net.features.conv0.weight"  # x_0: the input side (layer group "stem")

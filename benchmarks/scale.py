@@ -48,7 +48,7 @@ def measure(
     """One federation in this process: per-round training time, peak RSS, data and state."""
     import torch
 
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import build_federation
 
     config = ExperimentConfig(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from fragment import emit, provenance
 
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import build_federation
 
 HEADER = (

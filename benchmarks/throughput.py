@@ -31,8 +31,8 @@ from machine import describe
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.synthetic import SiteProfile, make_site
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node import Node
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.node import Node
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import PlainLoop  # noqa: E402

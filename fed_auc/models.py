@@ -29,7 +29,7 @@ ARCHITECTURES: dict[str, tuple[int, int, tuple[int, ...]]] = {
 MIN_SIDE = 32  # MONAI DenseNet121's downsampling needs at least 32 px per side
 _STEM_MODULES = ("conv0", "norm0", "relu0", "pool0")
 _CONFIG_KEYS = ("arch", "num_labels", "in_channels", "norm")
-NORMS = ("batch", "group")  # group: per-example normalization, for DP-SGD (fed_auc.dp_sgd)
+NORMS = ("batch", "group")  # group: per-example normalization, for DP-SGD (fed_auc.privacy.dp_sgd)
 MAX_GROUPS = 32  # GroupNorm's usual group count (Wu & He, 2018), when the channels allow it
 
 

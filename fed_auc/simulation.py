@@ -14,27 +14,25 @@ from typing import Any
 
 import torch
 
-from fed_auc.coordinator import Coordinator
+from fed_auc.coordinator.loop import Coordinator
 from fed_auc.data.base import SiteData, common_label_count
 from fed_auc.data.cards import data_card, data_record, site_summary
+from fed_auc.data.partition import PARTITION_FILE
 from fed_auc.data.spec import load_sites
-from fed_auc.experiment import ExperimentConfig, recorded_config
-from fed_auc.holdout import check_hold_out, evaluate_export
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, model_from_config
-from fed_auc.node import Node
-from fed_auc.node_setup import NodeSetup, build_node, check_batch_size
-from fed_auc.run import (
-    PARTITION_FILE,
-    fail_run,
-    git_revision,
-    start_coordinator,
-    train_and_close,
-    warm_start,
-)
+from fed_auc.node.build import build_node
+from fed_auc.node.node import Node
+from fed_auc.node.setup import NodeSetup, check_batch_size
+from fed_auc.run.holdout import check_hold_out, evaluate_export
+from fed_auc.run.lifecycle import fail_run, git_revision, start_coordinator, train_and_close
+from fed_auc.run.warmup import warm_start
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
-from fed_auc.store import RoundRecord, RunStore
+from fed_auc.store.records import RoundRecord
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 

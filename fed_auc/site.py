@@ -2,7 +2,7 @@
 
 A site TOML is read by ``fed-auc simulate --site FILE`` (in-process) and by
 ``fed-auc node --site FILE`` (over Flower) with the same code: ``SiteDefinition.from_toml``,
-then ``load`` for its images and ``fed_auc.node_setup.build_node`` for its node. So the same
+then ``load`` for its images and ``fed_auc.node.build.build_node`` for its node. So the same
 experiment on the same site files trains the same model either way.
 
 ```toml
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fed_auc.algorithms.partial import parse_budget
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
@@ -47,7 +48,6 @@ from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
-from fed_auc.partial import parse_budget
 from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (

@@ -54,7 +54,7 @@ class Trainable:
     _frozen: Mapping[str, torch.Tensor] = MappingProxyType({})  # the untrained input side
     _prefix: nn.Module | None = None
     _suffix: nn.Module | None = None
-    # Example-level DP-SGD while a node trains (fed_auc.dp_sgd.PrivateGradients): every
+    # Example-level DP-SGD while a node trains (fed_auc.privacy.dp_sgd.PrivateGradients): every
     # gradient below is then clipped per example and noised; None = plain autograd.
     private: Any = None
 

@@ -26,7 +26,7 @@ def shared_dp_secret(monkeypatch):
     (the key names them)."""
     from pathlib import Path
 
-    from fed_auc.accounting import SECRET_FILE, NodeSecret
+    from fed_auc.privacy.accounting import SECRET_FILE, NodeSecret
 
     def known(self, state_dir) -> None:
         self.path = Path(state_dir) / SECRET_FILE

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fed_auc.operating_point import default_edges, score_bins
-from fed_auc.roc import roc_points
-from fed_auc.store import RoundRecord, RunStore, SiteRound
+from fed_auc.metrics.operating_point import default_edges, score_bins
+from fed_auc.metrics.roc import roc_points
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import RunStore
 
 SITES = ("east", "north", "south", "west")
 TEST_N = 60
@@ -185,8 +186,9 @@ def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
 def fill_evaluation_job(runs_dir: Path, model_run_id: str, held_out: tuple[str, ...] = ()) -> str:
     """An evaluation job (its own ``evaluate`` run, id made as the CLI makes it) that scored
     the model ``model_run_id`` exported at every site of ``SITES``; returns the job's run id."""
-    from fed_auc.evaluate import label_result
-    from fed_auc.evaluation_job import EvaluationRequest, combine
+    from fed_auc.evaluate.job import combine
+    from fed_auc.exchange import EvaluationRequest
+    from fed_auc.metrics.report import label_result
 
     request = EvaluationRequest("fed-auc-model/1", {}, ["finding"], [THRESHOLD], "none",
                                 ["test"], 200, 0)  # fmt: skip
@@ -208,7 +210,7 @@ def fill_evaluation_job(runs_dir: Path, model_run_id: str, held_out: tuple[str, 
 
 def fill_warmup(runs_dir: Path, warm_rounds: int = 10, rounds: int = 60) -> tuple[str, str]:
     """A main run of ``rounds`` planned rounds warm-started by a fedavg run of
-    ``warm_rounds`` rounds, recorded as ``fed_auc.run.warm_start`` records it (its own run,
+    ``warm_rounds`` rounds, recorded as ``fed_auc.run.warmup.warm_start`` records it (its own run,
     config ``warmup_for``, the main run's config otherwise, no data cards of its own; the main
     run records its cards after the warm-up);
     returns (warm-up id, main id)."""

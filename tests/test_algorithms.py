@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
-from fed_auc.algorithms.base import Reply
+from fed_auc.exchange import Reply
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.trainable import Trainable

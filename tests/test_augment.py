@@ -9,8 +9,8 @@ from fed_auc.algorithms import build_backend
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node import Node
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.node import Node
 from tests.test_sampling import make_split
 
 

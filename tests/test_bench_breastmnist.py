@@ -13,8 +13,9 @@ import pytest
 
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
-from fed_auc.evaluate import evaluate_model, load_registered_model
-from fed_auc.store import RunStore
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.registry.load import load_registered_model
+from fed_auc.store.run_store import RunStore
 from tests.data_files import write_npz
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "breastmnist.py"

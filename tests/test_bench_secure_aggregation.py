@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import secure_aggregation as bench  # noqa: E402
 
-from fed_auc.experiment import ExperimentConfig  # noqa: E402
+from fed_auc.experiment.config import ExperimentConfig
 
 
 def test_toy_rounds_report_times_ratios_and_bytes(tmp_path):

@@ -17,8 +17,8 @@ from streamlit.testing.v1 import AppTest
 
 from app import queries
 from app.common import RUNS_DIR_ENV
-from fed_auc.roc import operating_point
-from fed_auc.store import RunStore
+from fed_auc.metrics.roc import operating_point
+from fed_auc.store.run_store import RunStore
 from tests.dashboard_store import EXPORTED_ROUND, SITES, THRESHOLD, fill, split_of
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")

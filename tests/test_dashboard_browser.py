@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.screenshots import CHROMIUM, PAGES, capture, serve
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from tests.dashboard_store import THRESHOLD, fill
 
 pytestmark = [

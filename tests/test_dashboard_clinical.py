@@ -15,7 +15,7 @@ from sklearn.metrics import roc_curve
 from streamlit.testing.v1 import AppTest
 
 from app.charts import ROW_PX
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from tests.dashboard_store import EXPORTED_ROUND, SITES, THRESHOLD, fill, fill_sized, split_of
 from tests.test_dashboard import open_page
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from app import evaluations_data
-from fed_auc.evaluate import label_result
-from fed_auc.evaluation_job import EvaluationRequest, combine
-from fed_auc.store import RunStore
-from fed_auc.transport.base import NodeFailure
+from fed_auc.evaluate.job import combine
+from fed_auc.exchange import EvaluationRequest, NodeFailure
+from fed_auc.metrics.report import label_result
+from fed_auc.store.run_store import RunStore
 from tests.test_dashboard import open_page
 
 SITES = {"north": (80, 0.3), "south": (60, 0.5), "east": (40, 0.0)}  # east: no positives

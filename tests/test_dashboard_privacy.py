@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fed_auc.store import RoundRecord, RunStore, SiteRound
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import RunStore
 from tests.test_dashboard import open_page, texts
 
 SITES = ("east", "north", "west")

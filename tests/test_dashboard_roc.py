@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.roc import MAX_POINTS, operating_point, per_label_roc, roc_points
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.roc import MAX_POINTS, operating_point, per_label_roc, roc_points
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 
 
 def _sample(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from app import queries
-from fed_auc.operating_point import default_edges, score_bins
-from fed_auc.store import RoundRecord, RunStore, SiteRound
+from fed_auc.metrics.operating_point import default_edges, score_bins
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import RunStore
 from tests.dashboard_store import SITES, TEST_N, card, fill_warmup
 from tests.test_dashboard import metrics, open_page, texts
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from fed_auc.data.partition import MANIFEST_FORMAT
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from tests.data_files import write_npz
 
 

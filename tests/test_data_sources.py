@@ -10,7 +10,8 @@ import torch
 
 from fed_auc.cli import main
 from fed_auc.data.cards import data_card
-from fed_auc.data.csv_images import load_csv_images, read_image
+from fed_auc.data.csv_images import load_csv_images
+from fed_auc.data.images import read_image
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.partition import partition_pool
 from fed_auc.data.spec import parse_data_spec

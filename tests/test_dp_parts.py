@@ -12,9 +12,10 @@ from torch import nn
 
 from fed_auc.data.base import Split
 from fed_auc.data.poisson import PoissonBatches, class_rates
-from fed_auc.export import render_card
 from fed_auc.models import ARCHITECTURES, build_model, group_count, model_from_config
-from fed_auc.store import SCHEMA, RoundRecord, RunStore, SiteRound
+from fed_auc.registry.card import render_card
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import SCHEMA, RunStore
 
 
 def split(rows: int, positives: int) -> Split:
@@ -131,7 +132,7 @@ def test_the_model_card_lists_each_sites_epsilon():
 def test_epsilon_does_not_log_the_accountants_skipped_orders(caplog):
     """dp-accounting logs a warning for each low RDP order it cannot evaluate (it bounds ε
     with the others); a DP run would print hundreds of them per round."""
-    from fed_auc.accounting import Step, epsilon
+    from fed_auc.privacy.accounting import Step, epsilon
 
     with caplog.at_level("WARNING"):
         spent = epsilon([Step(0.290909, 2.523879, 160)], 1e-5)

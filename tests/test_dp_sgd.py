@@ -11,7 +11,15 @@ import pytest
 import torch
 from dp_accounting import pld, rdp
 
-from fed_auc.accounting import (
+from fed_auc.algorithms import build_backend
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.data.base import SiteData, Split
+from fed_auc.exchange import Broadcast
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.losses import build_loss
+from fed_auc.models import build_model
+from fed_auc.node.node import Node
+from fed_auc.privacy.accounting import (
     LEDGER_FILE,
     BudgetSpent,
     Mechanism,
@@ -19,21 +27,8 @@ from fed_auc.accounting import (
     epsilon,
     noise_for_plan,
 )
-from fed_auc.algorithms import build_backend
-from fed_auc.algorithms.base import Broadcast
-from fed_auc.coordinator import Coordinator
-from fed_auc.data.base import SiteData, Split
-from fed_auc.dp_sgd import (
-    DrawLog,
-    ExampleDP,
-    PrivateGradients,
-    per_example_gradients,
-)
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.losses import build_loss
-from fed_auc.models import build_model
-from fed_auc.node import Node
-from fed_auc.store import RunStore
+from fed_auc.privacy.dp_sgd import DrawLog, ExampleDP, PrivateGradients, per_example_gradients
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 

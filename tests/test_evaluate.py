@@ -13,14 +13,11 @@ from sklearn.metrics import roc_auc_score
 from fed_auc.cli import main
 from fed_auc.data.base import Split
 from fed_auc.data.csv_images import load_csv_images
-from fed_auc.evaluate import (
-    bootstrap_ci,
-    evaluate_model,
-    load_registered_model,
-    youden_threshold,
-)
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.metrics.report import bootstrap_ci, youden_threshold
 from fed_auc.models import build_model
-from fed_auc.registry import register_model
+from fed_auc.registry.load import load_registered_model
+from fed_auc.registry.register import register_model
 from fed_auc.tta import predict
 from tests.data_files import FINDINGS, write_chexpert, write_npz
 

@@ -8,18 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node import Evaluation, SplitEvaluation
-from fed_auc.operating_point import (
+from fed_auc.exchange import Evaluation, SplitEvaluation
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.operating_point import (
     ScoreBins,
     at_threshold,
     auc_from_bins,
     default_edges,
     score_bins,
 )
-from fed_auc.run import EXPORTED
+from fed_auc.run.lifecycle import EXPORTED
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.codec import evaluation_frame, frame_evaluation
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from fed_auc.cli import main
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node_setup import check_batch_size
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.setup import check_batch_size
 from fed_auc.simulation import build_federation
 from fed_auc.site import SiteDefinition
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 
 HOSPITALS = Path(__file__).parent.parent / "hospitals"
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
-from fed_auc.algorithms.base import Reply, model_part
+from fed_auc.algorithms.base import model_part
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
-from fed_auc.coordinator import Coordinator
-from fed_auc.local_work import LocalWork
-from fed_auc.validation import validate_reply
+from fed_auc.coordinator.local_work import LocalWork
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.screening import validate_reply
+from fed_auc.exchange import Reply
 from tests.test_algorithms import _batches, _trainable
 from tests.toy import ToyTrainable, toy_sites, weighted_saddle_point, zero_noise
 

@@ -11,18 +11,20 @@ import pytest
 import torch
 
 from fed_auc.cli import main
-from fed_auc.coordinator import FederationError
+from fed_auc.coordinator.errors import FederationError
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.cards import site_summary
-from fed_auc.evaluate import POOLED, evaluate_model, load_registered_model
-from fed_auc.evaluation_job import model_request, record_and_write, run_job
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.holdout import TrainingSites
-from fed_auc.node import Node
-from fed_auc.node_setup import build_node
+from fed_auc.evaluate.job import model_request, record_and_write, run_job
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.report import POOLED
+from fed_auc.node.build import build_node
+from fed_auc.node.node import Node
+from fed_auc.registry.load import load_registered_model
+from fed_auc.run.holdout import TrainingSites
 from fed_auc.simulation import load_in_process_sites, run_simulation
 from fed_auc.site import load_site_files
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.local import LocalTransport
 from tests.data_files import write_npz
 

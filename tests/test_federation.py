@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from fed_auc.cli import main
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.models import model_from_config
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
 
@@ -73,7 +73,7 @@ def test_same_seed_same_run(tmp_path):
 
 def test_a_failing_node_is_recorded_and_the_round_goes_on(tmp_path, monkeypatch):
     from fed_auc.data.synthetic import DEFAULT_PROFILES
-    from fed_auc.node import Node
+    from fed_auc.node.node import Node
 
     broken = DEFAULT_PROFILES[1].name
     original = Node.train
@@ -96,7 +96,7 @@ def test_a_failing_node_is_recorded_and_the_round_goes_on(tmp_path, monkeypatch)
 
 def test_a_reply_with_nan_is_rejected_and_never_averaged(tmp_path, monkeypatch):
     from fed_auc.data.synthetic import DEFAULT_PROFILES
-    from fed_auc.node import Node
+    from fed_auc.node.node import Node
 
     bad_site = DEFAULT_PROFILES[0].name
     original = Node.train
@@ -119,8 +119,8 @@ def test_a_reply_with_nan_is_rejected_and_never_averaged(tmp_path, monkeypatch):
 
 
 def test_a_round_without_any_valid_reply_fails_the_run_and_keeps_the_record(tmp_path, monkeypatch):
-    from fed_auc.coordinator import FederationError
-    from fed_auc.node import Node
+    from fed_auc.coordinator.errors import FederationError
+    from fed_auc.node.node import Node
 
     def broken(self, broadcast):
         raise RuntimeError(f"GPU on fire at {self.name}")
@@ -278,7 +278,7 @@ def test_shared_model_and_state_on_disk_give_the_same_run(tmp_path, monkeypatch)
     """Nodes sharing one warm model, or keeping their state on disk only, train exactly as
     nodes with their own model and state in memory."""
     import fed_auc.simulation as simulation
-    from fed_auc.node import Node
+    from fed_auc.node.node import Node
 
     shared = _simulate(tmp_path / "shared", select="last")
     build = Node.__init__

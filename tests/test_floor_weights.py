@@ -16,8 +16,8 @@ from torch import nn
 from fed_auc.data.base import Split
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
-from fed_auc.dp_sgd import per_example_gradients
 from fed_auc.losses import AUCMarginLoss, AUCSquareLoss, CrossEntropyLoss
+from fed_auc.privacy.dp_sgd import per_example_gradients
 from fed_auc.trainable import Trainable
 
 MARGIN = 1.0

@@ -14,15 +14,16 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.experiment import SIMULATED_FEDERATION, ExperimentConfig
+from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
+from fed_auc.experiment.checks import SIMULATED_FEDERATION
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.files import load_experiment
 from fed_auc.io import load_state
-from fed_auc.metrics import AUCResult
-from fed_auc.node import Evaluation, SplitEvaluation
-from fed_auc.node_setup import NodeSetup, build_node
+from fed_auc.metrics.auc import AUCResult
+from fed_auc.node.build import build_node
+from fed_auc.node.setup import NodeSetup
 from fed_auc.site import SiteDefinition
 from fed_auc.transport.flower.certs import make_certs
-from fed_auc.transport.flower.cli import load_experiment
 from fed_auc.transport.flower.codec import (
     PER_TENSOR_ENV,
     TensorCache,

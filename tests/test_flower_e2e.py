@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_state, load_torch
-from fed_auc.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
+from fed_auc.node.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.certs import make_certs
 from fed_auc.transport.flower.launch import free_port
 

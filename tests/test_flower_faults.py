@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from fed_auc.cli import main  # noqa: E402
-from fed_auc.store import RunStore  # noqa: E402
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.node_watch import (  # noqa: E402
     StateDirBusy,
     SupernodeWatch,
@@ -217,7 +217,7 @@ def test_a_node_with_nothing_at_its_address_says_it_cannot_reach_it(tmp_path):
 
 # -- the coordinator ---------------------------------------------------------------------------
 def test_a_round_without_enough_replies_names_the_sites_that_missed():
-    from fed_auc.transport.base import NodeFailure
+    from fed_auc.exchange import NodeFailure
     from fed_auc.transport.flower.transport import too_few_replies
 
     answers = {

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 import torch
 
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.launch import free_port
 from tests.data_files import write_dicom, write_npz, write_png
 from tests.test_dashboard import PAGES, open_page

@@ -23,12 +23,13 @@ from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
 from flwr.supercore.task_identity import TaskIdentity
 
-from fed_auc.node_setup import NodeSetup
-from fed_auc.transport.base import NodeFailure
+from fed_auc.exchange import NodeFailure
+from fed_auc.experiment.files import FlowerSettings
+from fed_auc.node.setup import NodeSetup
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower import transport as flower_transport
 from fed_auc.transport.flower.client import frame_content
-from fed_auc.transport.flower.transport import FlowerSettings, FlowerTransport
+from fed_auc.transport.flower.transport import FlowerTransport
 
 SERVER_NODE = 0
 HEALTHY, DEAD = 11, 22  # Flower node ids of the two sites

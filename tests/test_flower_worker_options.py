@@ -22,14 +22,14 @@ import torch
 from PIL import Image
 
 from fed_auc.algorithms import ALGORITHMS
-from fed_auc.coordinator import CHECKPOINT_FILE
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.coordinator.checkpoint import CHECKPOINT_FILE
+from fed_auc.exchange import NodeFailure
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_state, load_torch
-from fed_auc.node_setup import NodeSetup
+from fed_auc.node.setup import NodeSetup
 from fed_auc.simulation import run_simulation
 from fed_auc.site import SiteDefinition
-from fed_auc.store import RunStore
-from fed_auc.transport.base import NodeFailure
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import server
 from fed_auc.transport.flower.client import frame_content, message_frame
 from fed_auc.transport.flower.codec import (

@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from fed_auc.algorithms import build_backend
-from fed_auc.algorithms.base import Backend, Broadcast, Reply
+from fed_auc.algorithms.base import Backend
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
+from fed_auc.coordinator.screening import InvalidReply, validate_answer
 from fed_auc.data.synthetic import DEFAULT_PROFILES
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.exchange import Broadcast, Reply
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
-from fed_auc.node import Node
+from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import BUFFER
-from fed_auc.validation import InvalidReply, validate_answer
 from tests.toy import toy_sites, zero_noise
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}

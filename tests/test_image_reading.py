@@ -12,8 +12,8 @@ from PIL import Image
 
 from fed_auc.cli import main
 from fed_auc.data.cards import data_card, render_card
-from fed_auc.data.csv_images import load_csv_images, read_image
-from fed_auc.data.images import apply_window
+from fed_auc.data.csv_images import load_csv_images
+from fed_auc.data.images import apply_window, read_image
 from fed_auc.data.partition import partition_pool
 from tests.data_files import write_dicom, write_png, write_png16
 
@@ -219,7 +219,7 @@ def test_a_dicom_window_of_width_0_names_the_file_and_the_field(tmp_path):
 
 
 def test_aspect_in_a_site_file_and_the_experiment_is_checked_and_used(tmp_path):
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.site import SiteDefinition
 
     site = _suspect_site(tmp_path)

@@ -18,7 +18,7 @@ from fed_auc.data.synthetic import make_synthetic_federation
 from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
+from fed_auc.node.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
 from fed_auc.trainable import Trainable
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy.stats import binomtest
 from sklearn.metrics import brier_score_loss, roc_auc_score, roc_curve
 
-from fed_auc.operating_point import (
+from fed_auc.metrics.operating_point import (
     ScoreBins,
     at_threshold,
     auc_from_bins,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fed_auc.cli import DEMO
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.cli.simulate import DEMO
+from fed_auc.experiment.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_constraints_pin_the_cpu_torch():
 def test_shipped_configs_are_valid(path):
     data = tomllib.loads(path.read_text())
     if "flower" in data:  # an experiment for `fed-auc coordinator`
-        from fed_auc.transport.flower.cli import load_experiment
+        from fed_auc.experiment.files import load_experiment
 
         load_experiment(path, {})
     else:

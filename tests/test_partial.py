@@ -8,17 +8,10 @@ import pytest
 import torch
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
-from fed_auc.algorithms.base import Reply, weighted_mean
+from fed_auc.algorithms.base import weighted_mean
 from fed_auc.algorithms.codasca import CONTROL_DELTA
 from fed_auc.algorithms.local_sgda import LocalSGDA
-from fed_auc.cli import main
-from fed_auc.data.synthetic import make_synthetic_federation
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.io import load_torch
-from fed_auc.losses import build_loss
-from fed_auc.models import build_model, group_of
-from fed_auc.node import Node
-from fed_auc.partial import (
+from fed_auc.algorithms.partial import (
     MemoryBudget,
     StepMemory,
     choose_groups,
@@ -27,10 +20,18 @@ from fed_auc.partial import (
     parse_budget,
     trained_part,
 )
+from fed_auc.cli import main
+from fed_auc.coordinator.screening import InvalidReply, validate_reply
+from fed_auc.data.synthetic import make_synthetic_federation
+from fed_auc.exchange import Reply
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.io import load_torch
+from fed_auc.losses import build_loss
+from fed_auc.models import build_model, group_of
+from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
-from fed_auc.validation import InvalidReply, validate_reply
 
 TINY = {"arch": "tiny", "num_labels": 1, "in_channels": 1}
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}

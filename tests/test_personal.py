@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from fed_auc.algorithms import build_backend
+from fed_auc.algorithms.personal import Personalization
 from fed_auc.cli import main
 from fed_auc.data.synthetic import make_synthetic_federation
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node import Node
-from fed_auc.node_setup import NodeSetup
-from fed_auc.personal import Personalization
+from fed_auc.node.node import Node
+from fed_auc.node.setup import NodeSetup
 from fed_auc.simulation import build_federation, run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from fed_auc.evaluate import bootstrap_ci
-from fed_auc.operating_point import auc_from_bins, default_edges, pool, score_bins
-from fed_auc.pooled_auc import (
+from fed_auc.metrics.operating_point import auc_from_bins, default_edges, pool, score_bins
+from fed_auc.metrics.pooled import (
     binning_error_bound,
     bootstrap_bins_ci,
     pooled_from_bins,
     roc_from_bins,
 )
+from fed_auc.metrics.report import bootstrap_ci
 
 
 def _near_tied_sites(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -14,9 +14,9 @@ from fed_auc.cli import main
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.spec import load_sites
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model, group_of
-from fed_auc.run import recenter_classifier, reset_classifier
+from fed_auc.run.warmup import recenter_classifier, reset_classifier
 from fed_auc.site import SiteDefinition
 from fed_auc.trainable import BUFFER, WEIGHT
 from tests.data_files import write_chexpert, write_npz, write_png

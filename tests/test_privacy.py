@@ -13,16 +13,17 @@ import pytest
 import torch
 from dp_accounting import rdp
 
-from fed_auc.accounting import LEDGER_FILE, BudgetSpent
 from fed_auc.algorithms import build_backend
-from fed_auc.algorithms.base import Broadcast, Reply, ReplyBlock
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.algorithms.base import ReplyBlock
+from fed_auc.exchange import Broadcast, Reply
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model
-from fed_auc.node import Node
-from fed_auc.privacy import Privacy, UpdateDP
-from fed_auc.run import privacy_card
+from fed_auc.node.node import Node
+from fed_auc.privacy.accounting import LEDGER_FILE, BudgetSpent
+from fed_auc.privacy.update_dp import Privacy, UpdateDP
+from fed_auc.registry.card import privacy_card
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.transport.local import LocalTransport
 from tests.test_dp_sgd import site as tiny_site
 

@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fed_auc.accounting import LEDGER_FILE, SECRET_FILE
 from fed_auc.algorithms import build_backend
-from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.exchange import Broadcast, Reply
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
+from fed_auc.privacy.accounting import LEDGER_FILE, SECRET_FILE
 from fed_auc.simulation import run_simulation
 from fed_auc.trainable import WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport

@@ -12,18 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from fed_auc.accounting import LEDGER_FILE, example_plan, update_plan
 from fed_auc.algorithms import ALGORITHMS, build_backend
-from fed_auc.algorithms.base import Broadcast, Draw
-from fed_auc.coordinator import Coordinator, FederationError
-from fed_auc.dp_sgd import ExampleDP
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.algorithms.base import Draw
+from fed_auc.coordinator.errors import FederationError
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.exchange import Broadcast
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node import Node
-from fed_auc.privacy import UpdateDP
+from fed_auc.node.node import Node
+from fed_auc.privacy.accounting import LEDGER_FILE, example_plan, update_plan
+from fed_auc.privacy.dp_sgd import ExampleDP
+from fed_auc.privacy.update_dp import UpdateDP
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 from tests.test_dp_sgd import site as tiny_site

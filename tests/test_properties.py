@@ -9,9 +9,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.validation import InvalidReply, validate_answer
+from fed_auc.coordinator.screening import InvalidReply, validate_answer
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
+from fed_auc.experiment.config import ExperimentConfig
 
 DATA_DEFAULTS = ("loss", "select", "min_neg_fraction", "augment", "warmup_head")
 FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.name != "runs_dir"]

@@ -15,11 +15,12 @@ import pandas as pd
 import pytest
 import torch
 
-from fed_auc.coordinator import FederationError, load_checkpoint
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.coordinator.checkpoint import load_checkpoint
+from fed_auc.coordinator.errors import FederationError
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch, save_state
 from fed_auc.simulation import resume_simulation, run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 
 ROUNDS = 6
 OPTIONS = {"sites": 3, "rounds": ROUNDS, "local_steps": 2, "seed": 5, "data_scale": 0.4}

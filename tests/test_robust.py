@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fed_auc.algorithms.base import Reply, ReplyBlock
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.algorithms.base import ReplyBlock
+from fed_auc.coordinator.robust import Aggregation
+from fed_auc.exchange import Reply
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
-from fed_auc.robust import Aggregation
 from fed_auc.simulation import run_simulation
 
 BASE = {"w/x": torch.zeros(2), "w/y": torch.zeros(1)}
@@ -115,7 +116,7 @@ def test_centered_clip_keeps_a_large_but_finite_attack_out_of_the_model(
     tmp_path, monkeypatch
 ) -> None:
     from fed_auc.data.synthetic import DEFAULT_PROFILES
-    from fed_auc.node import Node
+    from fed_auc.node.node import Node
 
     original, bad = Node.train, DEFAULT_PROFILES[0].name
 

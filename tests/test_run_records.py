@@ -38,7 +38,7 @@ def test_runs_prints_the_exported_auc_with_its_round_and_the_last_round(tmp_path
 
 
 def test_the_simulate_summary_line_leads_with_the_exported_model():
-    from fed_auc.headline import summary_headline
+    from fed_auc.run.headline import summary_headline
 
     summary = {"global_auc": [0.5, 0.8, 0.889], "exported_auc": 0.885, "selected_round": 1}
     assert summary_headline(summary) == "exported model (round 1) AUC 0.885; last round (2) 0.889"
@@ -67,7 +67,7 @@ def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard
     tmp_path, monkeypatch, capsys
 ):
     from fed_auc.data.cards import render_card, write_cards
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
     from fed_auc.site import SiteDefinition
     from tests.test_dashboard import open_page, texts
@@ -145,9 +145,10 @@ def test_a_flower_run_records_the_data_it_ran_on_as_an_in_process_run_does(
 
     from app import queries
     from app.tables import differing_settings
-    from fed_auc.experiment import ExperimentConfig, recorded_config
+    from fed_auc.experiment.config import ExperimentConfig
+    from fed_auc.experiment.files import recorded_config
     from fed_auc.simulation import run_simulation
-    from fed_auc.store import RunStore
+    from fed_auc.store.run_store import RunStore
     from tests.data_files import write_npz
     from tests.test_flower_worker_options import _over_worker, _png_csv, _site_files
 
@@ -201,9 +202,9 @@ def test_a_flower_run_records_the_data_it_ran_on_as_an_in_process_run_does(
 
 
 def test_an_evaluation_job_records_the_data_it_scored(tmp_path, capsys):
-    from fed_auc.experiment import ExperimentConfig
+    from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
-    from fed_auc.store import RunStore
+    from fed_auc.store.run_store import RunStore
 
     files = _breast_sites(tmp_path)
     runs = tmp_path / "runs"

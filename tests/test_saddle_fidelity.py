@@ -50,7 +50,7 @@ def test_fedsgda_storm_with_its_decaying_schedule_converges_under_sampling():
 def test_refusals_name_alternatives_that_are_accepted():
     """CODASCA's refusal of robust aggregation points to backends that accept it."""
     from fed_auc.algorithms import build_backend
-    from fed_auc.robust import Aggregation
+    from fed_auc.coordinator.robust import Aggregation
 
     clip = Aggregation.parse("centered_clip:1")
     with pytest.raises(ValueError, match="or use coda_plus or local_sgda with centered_clip"):

@@ -10,7 +10,8 @@ import torch
 
 from fed_auc.data.base import Split
 from fed_auc.data.sampling import BatchStream
-from fed_auc.experiment import ExperimentConfig, recorded_config
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.files import recorded_config
 from fed_auc.simulation import build_federation
 
 

@@ -16,20 +16,14 @@ import pytest
 import torch
 from scipy import stats
 
-from fed_auc.algorithms.base import Broadcast, Reply, ReplyLayout
-from fed_auc.secure_aggregation import crypto
-from fed_auc.secure_aggregation.client import SecureClient
-from fed_auc.secure_aggregation.encoding import (
-    MASKED,
-    Entry,
-    encode_reply,
-    from_field,
-    to_field,
-)
-from fed_auc.secure_aggregation.graph import neighbour_count, neighbourhoods
-from fed_auc.secure_aggregation.messages import CONFIG_KEY, SecureAggregationError, b64
-from fed_auc.secure_aggregation.rounds import SecureAggregation, SecurePhase
-from fed_auc.secure_aggregation.server import SecureServer
+from fed_auc.coordinator.secure_phase import SecureAggregation, SecurePhase
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
+from fed_auc.privacy.secure import crypto
+from fed_auc.privacy.secure.client import SecureClient
+from fed_auc.privacy.secure.encoding import MASKED, Entry, encode_reply, from_field, to_field
+from fed_auc.privacy.secure.graph import neighbour_count, neighbourhoods
+from fed_auc.privacy.secure.messages import CONFIG_KEY, SecureAggregationError, b64
+from fed_auc.privacy.secure.server import SecureServer
 
 
 def clients(sites, seed=0):

@@ -16,18 +16,13 @@ import pytest
 import torch
 
 from fed_auc.algorithms import build_backend
-from fed_auc.algorithms.base import Broadcast
+from fed_auc.exchange import Broadcast
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, group_names
-from fed_auc.secure_aggregation.client import SecureClient
-from fed_auc.secure_aggregation.encoding import (
-    MASKED,
-    SecureSum,
-    site_weights_for,
-    vector_layout,
-)
-from fed_auc.secure_aggregation.messages import CONFIG_KEY
-from fed_auc.secure_aggregation.server import SecureServer
+from fed_auc.privacy.secure.client import SecureClient
+from fed_auc.privacy.secure.encoding import MASKED, SecureSum, site_weights_for, vector_layout
+from fed_auc.privacy.secure.messages import CONFIG_KEY
+from fed_auc.privacy.secure.server import SecureServer
 from fed_auc.trainable import Trainable
 
 SIZES = {"site0": 40, "site1": 25, "site2": 10}

@@ -11,19 +11,20 @@ import pandas as pd
 import pytest
 import torch
 
-from fed_auc.accounting import LEDGER_FILE
 from fed_auc.algorithms import build_backend
-from fed_auc.coordinator import Coordinator, load_checkpoint
+from fed_auc.coordinator.checkpoint import load_checkpoint
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.secure_phase import SecureAggregation
 from fed_auc.data.base import SiteData, Split
-from fed_auc.dp_sgd import ExampleDP
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node import Node
-from fed_auc.secure_aggregation.encoding import FRACTION_BITS
-from fed_auc.secure_aggregation.rounds import SecureAggregation
+from fed_auc.node.node import Node
+from fed_auc.privacy.accounting import LEDGER_FILE
+from fed_auc.privacy.dp_sgd import ExampleDP
+from fed_auc.privacy.secure.encoding import FRACTION_BITS
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 

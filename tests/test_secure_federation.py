@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from fed_auc.cli import main
-from fed_auc.coordinator import FederationError, load_checkpoint
+from fed_auc.coordinator.checkpoint import load_checkpoint
+from fed_auc.coordinator.errors import FederationError
 from fed_auc.data.synthetic import DEFAULT_PROFILES
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.node import Node
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RunStore
+from fed_auc.store.run_store import RunStore
 from tests.test_dashboard import open_page, texts
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}

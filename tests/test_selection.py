@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from fed_auc.coordinator.selection import BEST_MODEL_FILE, BestModel, average, parse_select
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
-from fed_auc.evaluate import evaluate_model, load_registered_model
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import save_state
-from fed_auc.selection import BEST_MODEL_FILE, BestModel, average, parse_select
+from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
-from fed_auc.store import RoundRecord
+from fed_auc.store.records import RoundRecord
 from tests.data_files import write_npz
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from fed_auc.algorithms.partial import MemoryBudget, parse_budget
 from fed_auc.cli import main
-from fed_auc.partial import MemoryBudget, parse_budget
+from fed_auc.cli.federation import require_flower
 from fed_auc.site import SiteDefinition, available_memory, check_site_data
-from fed_auc.transport.flower.cli import require_flower
 from tests.data_files import write_dicom, write_npz, write_png
 
 SIZE = 16  # image side of every file written here, and of the loads

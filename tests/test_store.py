@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from fed_auc.store import STORE_FILE, RoundRecord, RunStore, SiteRound
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import STORE_FILE, RunStore
 
 
 def _record(round_: int, metrics=None) -> RoundRecord:

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from fed_auc.store import STORE_FILE, RoundRecord, RunStore, SiteRound, StoreError
+from fed_auc.store.records import RoundRecord, SiteRound
+from fed_auc.store.run_store import STORE_FILE, RunStore, StoreError
 
 SITES = [f"site{i}" for i in range(6)]
 

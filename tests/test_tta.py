@@ -15,10 +15,11 @@ from sklearn.metrics import roc_auc_score
 from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.medmnist import load_medmnist
-from fed_auc.evaluate import evaluate_model, load_registered_model
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.evaluate.local import evaluate_model
+from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model
-from fed_auc.node import Node
+from fed_auc.node.node import Node
+from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
 from fed_auc.tta import predict
 from tests.data_files import write_npz

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fed_auc.algorithms.base import Reply, ReplyLayout
-from fed_auc.validation import InvalidReply, validate_reply
+from fed_auc.coordinator.screening import InvalidReply, validate_reply
+from fed_auc.exchange import Reply, ReplyLayout
 
 MODEL = {
     "w/conv": torch.zeros(2, 3),

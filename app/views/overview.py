@@ -10,7 +10,7 @@ from app.clinical import exported_bins, with_pooled
 from app.model_view import EXPORTED, choices, coverage, scored_per_round, site_status
 from app.queries import RunData
 from app.tables import fmt
-from fed_auc.operating_point import auc_from_bins
+from fed_auc.metrics.operating_point import auc_from_bins
 
 FINAL_AUC = "final AUC"
 ROUND_AXIS = alt.Axis(format="d", tickMinStep=1)

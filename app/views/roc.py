@@ -12,8 +12,8 @@ from app.clinical import POOLED, card_edge, exported_bins, point_at, roc_frame, 
 from app.model_view import EXPORTED, choices
 from app.queries import RunData
 from app.tables import label_names, roc_curves
-from fed_auc.operating_point import sensitivity_at_specificity
-from fed_auc.roc import operating_point
+from fed_auc.metrics.operating_point import sensitivity_at_specificity
+from fed_auc.metrics.roc import operating_point
 
 THRESHOLD_KEY = "roc_threshold"
 TARGET_KEY = "roc_target_specificity"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from fed_auc.algorithms.base import Backend, Broadcast, Reply
+from fed_auc.algorithms.base import Backend
 from fed_auc.algorithms.coda_plus import CODAPlus
 from fed_auc.algorithms.codasca import CODASCA
 from fed_auc.algorithms.fed_norm_sgda import FedNormSGDA, FedNormSGDAPlus
 from fed_auc.algorithms.fedavg import FedAvg
 from fed_auc.algorithms.fedsgda import FedSGDAMB, FedSGDASTORM
 from fed_auc.algorithms.local_sgda import LocalSGDA
+from fed_auc.exchange import Broadcast, Reply
 
 ALGORITHMS: dict[str, type[Backend]] = {
     cls.name: cls

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
 
 import torch
 
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors, Trainable
 
 ServerState = dict[str, Any]
@@ -45,39 +46,6 @@ class Draw:
 
     kind: str
     evaluations: int = 1
-
-
-@dataclass
-class Broadcast:
-    """What the server sends to every selected node for one phase of one round."""
-
-    round: int
-    phase: str
-    tensors: Tensors
-    config: dict[str, Any]
-
-
-@dataclass
-class Reply:
-    """What a node sends back: named tensors plus counts; never data or per-image scores."""
-
-    tensors: Tensors
-    steps: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    num_examples: int = 0  # filled in by the node, which knows its data
-    site: str = ""
-    round: int | None = None  # the broadcast's round and phase, echoed by the node so the
-    phase: str | None = None  # coordinator can refuse a reply meant for another request
-    trained_groups: list[str] | None = None  # partial training: the layer groups sent; None = all
-
-
-@dataclass(frozen=True)
-class ReplyLayout:
-    """The tensors a reply of one phase carries: for every prefix, one tensor per variable
-    (primal and dual; ``""`` = the iterates themselves), plus the buffers if ``buffers``."""
-
-    prefixes: tuple[str, ...] = ("",)
-    buffers: bool = True
 
 
 def prefixed(prefix: str, tensors: Tensors) -> Tensors:
@@ -141,7 +109,7 @@ def validate_numeric_dual_lr(backend: str, value: object) -> None:
 
 
 class SecureTotal(Protocol):
-    """What secure aggregation reveals (``fed_auc.secure_aggregation.encoding.SecureSum``)."""
+    """What secure aggregation reveals (``fed_auc.privacy.secure.encoding.SecureSum``)."""
 
     sites: tuple[str, ...]
     sums: Tensors

@@ -29,10 +29,7 @@ import torch
 from fed_auc.algorithms.base import (
     Backend,
     Batches,
-    Broadcast,
     LocalState,
-    Reply,
-    ReplyLayout,
     SecureTotal,
     ServerState,
     model_part,
@@ -44,6 +41,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, run_local_steps
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.trainable import BUFFER, Tensors, Trainable
 
 REF = "ref/"  # the stage's proximal reference v_0^s

@@ -51,10 +51,7 @@ import torch
 from fed_auc.algorithms.base import (
     Backend,
     Batches,
-    Broadcast,
     LocalState,
-    Reply,
-    ReplyLayout,
     SecureTotal,
     ServerState,
     model_part,
@@ -66,6 +63,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, run_local_steps
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.models import group_of
 from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable
 

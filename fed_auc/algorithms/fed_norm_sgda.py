@@ -51,11 +51,8 @@ import torch
 from fed_auc.algorithms.base import (
     Backend,
     Batches,
-    Broadcast,
     Draw,
     LocalState,
-    Reply,
-    ReplyLayout,
     SecureTotal,
     ServerState,
     model_part,
@@ -67,6 +64,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, primal_direction
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.trainable import BUFFER, Tensors, Trainable
 
 GRADIENT = "g/"  # the normalized gradient aggregates (g_x,i, g_y,i) of lines 13–15

@@ -70,11 +70,8 @@ import torch
 from fed_auc.algorithms.base import (
     Backend,
     Batches,
-    Broadcast,
     Draw,
     LocalState,
-    Reply,
-    ReplyLayout,
     SecureTotal,
     ServerState,
     model_part,
@@ -86,6 +83,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, primal_direction
+from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.trainable import BUFFER, Tensors, Trainable
 
 PREVIOUS = "prev/"  # z̄_{t−1}, sent in the STORM collect phase

@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 from fed_auc.algorithms.base import (
     Backend,
     Batches,
-    Broadcast,
     LocalState,
-    Reply,
     SecureTotal,
     ServerState,
     model_part,
@@ -22,6 +20,7 @@ from fed_auc.algorithms.base import (
     weighted_mean,
 )
 from fed_auc.algorithms.sgda import StepRule, run_local_steps
+from fed_auc.exchange import Broadcast, Reply
 from fed_auc.trainable import Trainable
 
 

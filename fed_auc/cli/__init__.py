@@ -8,6 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from fed_auc.cli import federation as flower_cli
 from fed_auc.cli.dashboard_process import add_dashboard_parser, dashboard_command
 from fed_auc.cli.data import add_data_card_parser, write_data_cards
 from fed_auc.cli.evaluate import add_evaluate_parser, evaluate_command
@@ -15,7 +16,6 @@ from fed_auc.cli.experiment_options import add_simulate_parser
 from fed_auc.cli.runs import add_runs_parser, runs_command
 from fed_auc.cli.simulate import DEMO, add_demo_parser, demo_command, simulate_command
 from fed_auc.threads import apply_threads, parse_threads
-from fed_auc.transport.flower import cli as flower_cli
 
 __all__ = ["DEMO", "build_parser", "main"]
 

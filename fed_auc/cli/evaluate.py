@@ -4,7 +4,7 @@
 Local, ``--data`` (with ``--partition``/``--sites`` or a run's ``--manifest``): the sites are
 cut from one data set as ``simulate`` cuts them. Local, ``--site FILE``: the caller holds the
 sites' files; each is loaded as its node loads it (the card's image size and seed, so its test
-split is the one the model was tested on). Both are scored with ``fed_auc.evaluate``.
+split is the one the model was tested on). Both are scored with ``fed_auc.evaluate.local``.
 Federated, ``--federation CONFIG``: an evaluation-only run over Flower
 (``fed_auc.transport.flower.evaluation``); nothing per image leaves a node.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from fed_auc.cli.data import add_data_arguments, data_options, num_sites
 from fed_auc.cli.text import fmt
-from fed_auc.evaluation_job import describe, trained_sites
+from fed_auc.evaluate.job import describe, trained_sites
 
 
 def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,8 +75,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
 def evaluate_site_files(args: argparse.Namespace) -> None:
     """Local evaluation of the sites given as files; held-out sites are marked. Recorded in
     the run store as the federated job records the same model and sites."""
-    from fed_auc.evaluate import evaluate_model, load_registered_model, write_results
-    from fed_auc.evaluation_job import card_request, record_local
+    from fed_auc.evaluate.job import card_request, record_local
+    from fed_auc.evaluate.local import evaluate_model, write_results
+    from fed_auc.registry.load import load_registered_model
     from fed_auc.site import check_site_data, load_site_files
 
     try:
@@ -108,9 +109,10 @@ def evaluate_site_files(args: argparse.Namespace) -> None:
 
 def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
     """An evaluation-only run over Flower; returns its summary."""
-    from fed_auc.run import git_revision
-    from fed_auc.store import RunStore
-    from fed_auc.transport.flower.cli import load_experiment, require_flower
+    from fed_auc.cli.federation import require_flower
+    from fed_auc.experiment.files import load_experiment
+    from fed_auc.run.lifecycle import git_revision
+    from fed_auc.store.run_store import RunStore
 
     require_flower("evaluate --federation")
     from fed_auc.transport.flower.launch import run_coordinator
@@ -132,7 +134,7 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         record = {"evaluation": job, "flower": experiment["flower"], "transport": "flower"}
         run_id = store.create_run("evaluate", record, git_revision())
     experiment = {**experiment, "run_id": run_id, "evaluation": job}
-    from fed_auc.transport.flower.cli import CoordinatorFailed
+    from fed_auc.cli.federation import CoordinatorFailed
 
     try:
         summary = run_coordinator(experiment, Path(runs_dir) / "flower", echo=_stderr)
@@ -162,7 +164,8 @@ def _stderr(line: str) -> None:
 def evaluate_data(args: argparse.Namespace) -> None:
     """Local evaluation of the sites cut from ``--data``, pooled and optionally per site."""
     from fed_auc.data.spec import load_pool, load_sites, parse_data_spec
-    from fed_auc.evaluate import evaluate_model, load_registered_model, site_splits, write_results
+    from fed_auc.evaluate.local import evaluate_model, site_splits, write_results
+    from fed_auc.registry.load import load_registered_model
 
     try:
         model, card = load_registered_model(args.model)

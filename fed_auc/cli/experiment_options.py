@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.cli.data import add_data_arguments
-from fed_auc.experiment import WARMUP_HEADS, ExperimentConfig
+from fed_auc.experiment.checks import WARMUP_HEADS
+from fed_auc.experiment.config import ExperimentConfig
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:

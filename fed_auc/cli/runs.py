@@ -6,9 +6,9 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
 
-from fed_auc.headline import headline, headline_text
+from fed_auc.run.headline import headline, headline_text
+from fed_auc.store.records import as_float
 
 
 def add_runs_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def runs_command(args: argparse.Namespace) -> int:
 
 
 def list_runs(runs_dir: str, as_json: bool) -> None:
-    from fed_auc.store import STORE_FILE, RunStore
+    from fed_auc.store.run_store import STORE_FILE, RunStore
 
     if not (Path(runs_dir) / STORE_FILE).exists():
         raise SystemExit(f"fed-auc runs: no run store in {runs_dir!r} (expected {STORE_FILE})")
@@ -33,7 +33,7 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         for run in runs.itertuples():
             rounds = store.rounds(run.id).sort_values("round")
             last = int(rounds["round"].max()) if len(rounds) else 0
-            last_auc = _number(rounds["global_auc"].iloc[-1]) if len(rounds) else None
+            last_auc = as_float(rounds["global_auc"].iloc[-1]) if len(rounds) else None
             summary = run.summary if isinstance(run.summary, dict) else None
             if isinstance(run.summary, str):
                 summary = json.loads(run.summary)
@@ -45,7 +45,7 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
                     "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
                     "rounds": last,
                     # the headline: the exported model's AUC (its model card's), else the last
-                    # round's; both named (fed_auc.headline)
+                    # round's; both named (fed_auc.run.headline)
                     **headline(summary, last if len(rounds) else None, last_auc),
                 }
             )
@@ -61,6 +61,3 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
         )
 
 
-def _number(value: Any) -> float | None:
-    """A store value as a float; SQL NULL and NaN (pandas' missing value) as None."""
-    return None if value is None or value != value else float(value)

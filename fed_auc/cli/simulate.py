@@ -15,7 +15,7 @@ from typing import Any
 
 from fed_auc.cli.experiment_options import config_from_args
 from fed_auc.cli.text import fmt
-from fed_auc.experiment import ExperimentConfig
+from fed_auc.experiment.config import ExperimentConfig
 
 DEMO = {"rounds": 60, "sites": 4, "local_steps": 8, "decay_every": 320}
 
@@ -42,7 +42,7 @@ def _explained(command: str, run: Callable[[], None]) -> int:
     """Bad input (a site file, an option the data cannot take) ends in its one-line message,
     never a traceback; the message names the file, field and value. Ctrl-C and SIGTERM mark
     the run failed and say how to resume it."""
-    from fed_auc.coordinator import FederationError
+    from fed_auc.coordinator.errors import FederationError
 
     _current_run.clear()
     try:
@@ -140,14 +140,14 @@ def simulate(
     finally:
         bar.close()
     if register:
-        from fed_auc.registry import register_model
+        from fed_auc.registry.register import register_model
 
         target = register_model(Path(summary["model_path"]).parent, register, models_dir)
         summary["registered"] = str(target)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        from fed_auc.headline import summary_headline
+        from fed_auc.run.headline import summary_headline
 
         aucs = summary["global_auc"]
         print(
@@ -160,7 +160,7 @@ def simulate(
 
 
 def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
-    from fed_auc.coordinator import FederationError
+    from fed_auc.coordinator.errors import FederationError
     from fed_auc.simulation import resume_simulation
 
     try:
@@ -187,7 +187,7 @@ def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, An
     """``fed-auc simulate --leave-each-out``: one run with every site, one per site without it."""
     import dataclasses
 
-    from fed_auc.holdout import leave_each_out as run_all
+    from fed_auc.run.holdout import leave_each_out as run_all
     from fed_auc.simulation import load_in_process_sites, run_simulation
 
     if config.hold_out:

@@ -297,3 +297,6 @@ def _impose_ratio(
     kept = np.sort(np.concatenate([kept_pos, kept_neg])).tolist()
     removed = sorted(set(train) - set(kept))
     return [int(r) for r in kept], [int(r) for r in removed]
+
+
+PARTITION_FILE = "partition.json"

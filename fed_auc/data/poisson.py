@@ -1,6 +1,6 @@
 """Poisson sampling for DP-SGD: every row joins a batch on its own coin, with a known rate.
 
-The accountant's amplification by subsampling (fed_auc.accounting) assumes Poisson sampling:
+The accountant's amplification by subsampling (fed_auc.privacy.accounting) assumes Poisson sampling:
 each row is in a batch independently, with probability at most q. ``BatchStream``'s
 fixed-size batches from shuffled epochs are not that, so DP-SGD draws its batches here.
 
@@ -33,7 +33,7 @@ from fed_auc.data.stream import Batch, SplitStream
 
 
 class DrawLog(Protocol):
-    """Where a stream tells DP-SGD what it drew (fed_auc.dp_sgd.DrawLog)."""
+    """Where a stream tells DP-SGD what it drew (fed_auc.privacy.dp_sgd.DrawLog)."""
 
     def draw(self, q: float, normalizer: float) -> None: ...
 

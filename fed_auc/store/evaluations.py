@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS model_evaluations (
     split TEXT NOT NULL,
     site TEXT NOT NULL,
     labels TEXT NOT NULL,             -- JSON list per label: n, positives, threshold, AUC + CI,
-                                      -- score bins (fed_auc.operating_point.ScoreBins.to_dict)
+                                      -- score bins (metrics.operating_point.ScoreBins.to_dict)
     recorded_at REAL NOT NULL,
     PRIMARY KEY (run_id, model, split, site)
 );
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS evaluation_sites (
     held_out INTEGER NOT NULL,        -- 1: the model was not trained on this site
     status TEXT NOT NULL,             -- reported / error / dropped
     reason TEXT,                      -- why it did not report
-    labels TEXT,                      -- JSON per label: what fed_auc.evaluate.label_result gives
+    labels TEXT,                      -- JSON per label: metrics.report.label_result's
     PRIMARY KEY (run_id, split, site)
 );
 """
@@ -74,7 +74,7 @@ class EvaluationTables:
             )
 
     def record_evaluation(self, run_id: str, split: str, result: Mapping[str, Any]) -> None:
-        """An evaluation job's split (``fed_auc.evaluation_job.combine``, federated or local):
+        """An evaluation job's split (``fed_auc.evaluate.job.combine``, federated or local):
         the job's row and one row per site, failures included, in one transaction."""
         held = set(result["held_out"])
         sites = {s: r for s, r in result["sites"].items() if s != "pooled"}

@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def as_float(value: Any) -> float | None:
+    """A store value as a float; SQL NULL and NaN (pandas' missing value) as None."""
+    return None if value is None or value != value else float(value)
+
+
+def as_int(value: Any) -> int | None:
+    """A store value as an int; SQL NULL and NaN as None."""
+    return None if value is None or value != value else int(value)
+
+
 @dataclass
 class SiteRound:
     """One site's row for one round."""

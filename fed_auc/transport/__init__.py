@@ -1,6 +1,2 @@
-"""How requests reach nodes: in-process (``local``) now; Flower in deployment."""
-
-from fed_auc.transport.base import NodeFailure, payload_bytes
-from fed_auc.transport.local import LocalTransport
-
-__all__ = ["LocalTransport", "NodeFailure", "payload_bytes"]
+"""How requests reach nodes: in-process (``local``) and over Flower (``flower``). A
+transport only moves requests and replies; it never imports the simulation."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fed_auc.accounting import BudgetSpent
-from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.node import Evaluation, Node
+from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, Reply
+from fed_auc.node.node import Node
+from fed_auc.privacy.accounting import BudgetSpent
 from fed_auc.trainable import Tensors
-from fed_auc.transport.base import NodeFailure
 
 
 class LocalTransport:
@@ -40,7 +39,7 @@ class LocalTransport:
     def secure(
         self, step: str, messages: Mapping[str, dict[str, Any]]
     ) -> dict[str, dict[str, Any] | NodeFailure]:
-        """One step of secure aggregation (``fed_auc.secure_aggregation``) at each site."""
+        """One step of secure aggregation (``fed_auc.privacy.secure``) at each site."""
         return {
             site: self._call(site, lambda n, m=message: n.secure_step(step, m))
             for site, message in messages.items()
@@ -61,8 +60,8 @@ class LocalTransport:
     def report(
         self, sites: Sequence[str], request: Any, tensors: Tensors
     ) -> dict[str, dict[str, Any] | NodeFailure]:
-        """The evaluation job (``fed_auc.evaluation_job``): each site scores the model."""
-        from fed_auc.evaluation_job import site_report
+        """The evaluation job (``fed_auc.evaluate.job``): each site scores the model."""
+        from fed_auc.node.report import site_report
 
         return {s: self._call(s, lambda n: site_report(n.site, request, tensors)) for s in sites}
 

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.metrics import AUCResult
-from fed_auc.node import Evaluation, SplitEvaluation
+from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
+from fed_auc.metrics.auc import AUCResult
 from fed_auc.trainable import Tensors
 
 Frame = tuple[dict[str, Any], list[bytes]]

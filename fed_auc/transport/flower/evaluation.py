@@ -4,7 +4,7 @@ Started like a training run (``fed-auc evaluate --federation CONFIG``: the exper
 its ``[flower]`` table), through the same SuperLink, nodes and store, with no training round.
 The nodes load their data as the model's training run did (the card's image size and seed, so a
 site's own test split is the one the card reports on) and answer the job of
-``fed_auc.evaluation_job``; a node that errs or misses ``eval_timeout_s`` is recorded by name
+``fed_auc.evaluate.job``; a node that errs or misses ``eval_timeout_s`` is recorded by name
 and reason, and the others still report.
 """
 
@@ -14,11 +14,12 @@ import dataclasses
 from typing import Any
 
 from fed_auc.data.cards import data_record
-from fed_auc.evaluation_job import model_request, record_and_write, run_job, trained_sites
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.run import fail_run
-from fed_auc.store import RunStore
-from fed_auc.transport.flower.transport import FlowerSettings, FlowerTransport
+from fed_auc.evaluate.job import model_request, record_and_write, run_job, trained_sites
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.files import FlowerSettings
+from fed_auc.run.lifecycle import fail_run
+from fed_auc.store.run_store import RunStore
+from fed_auc.transport.flower.transport import FlowerTransport
 
 
 def job_config(config: ExperimentConfig, card: dict[str, Any]) -> ExperimentConfig:

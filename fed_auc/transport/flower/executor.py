@@ -32,7 +32,7 @@ from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, 
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.client import frame_content, message_frame
 
-log = logging.getLogger("fed_auc.node")
+log = logging.getLogger("fed_auc.node.node")
 
 Handler = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
 

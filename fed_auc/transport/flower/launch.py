@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fed_auc.run import git_revision
+from fed_auc.cli.federation import CoordinatorFailed, CoordinatorStopped
+from fed_auc.experiment.files import FlowerSettings
+from fed_auc.run.lifecycle import git_revision
 from fed_auc.site import SiteDefinition
-from fed_auc.store import STORE_FILE, RunStore
+from fed_auc.store.run_store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
-from fed_auc.transport.flower.cli import CoordinatorFailed, CoordinatorStopped
 from fed_auc.transport.flower.executor import serve_tasks
 from fed_auc.transport.flower.node_watch import (
     REFUSED,
@@ -35,7 +36,6 @@ from fed_auc.transport.flower.node_watch import (
     lock_state_dir,
     unlock_state_dir,
 )
-from fed_auc.transport.flower.transport import FlowerSettings
 from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"

@@ -2,7 +2,7 @@
 
 ``run_experiment`` is what ``run_simulation`` does, with the sites behind ``FlowerTransport``
 (``fed_auc.transport.flower.transport``); the round loop itself is
-``fed_auc.coordinator.Coordinator``, unchanged.
+``fed_auc.coordinator.loop.Coordinator``, unchanged.
 """
 
 from __future__ import annotations
@@ -17,18 +17,21 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fed_auc.coordinator import FederationError
+from fed_auc.coordinator.errors import FederationError
 from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
-from fed_auc.experiment import ExperimentConfig
-from fed_auc.holdout import TrainingSites, evaluate_export
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.files import FlowerSettings
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.run import fail_run, start_coordinator, train_and_close, warm_start
-from fed_auc.store import RoundRecord, RunStore
+from fed_auc.run.holdout import TrainingSites, evaluate_export
+from fed_auc.run.lifecycle import fail_run, start_coordinator, train_and_close
+from fed_auc.run.warmup import warm_start
+from fed_auc.store.records import RoundRecord
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
 from fed_auc.transport.flower import backoff
-from fed_auc.transport.flower.transport import FlowerSettings, FlowerTransport
+from fed_auc.transport.flower.transport import FlowerTransport
 
 
 def run_experiment(
@@ -94,7 +97,7 @@ def run_experiment(
             server.load(tensors)
             transport.use(setup)
             # a site file's own τ_i: the requests ask for it, so its replies' steps are checked
-        # against what it runs (fed_auc.validation)
+        # against what it runs (fed_auc.coordinator.screening)
         fixed_steps = {
             site: int(r["local_steps"])
             for site, r in registrations.items()

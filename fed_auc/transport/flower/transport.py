@@ -3,26 +3,24 @@
 ``FlowerTransport`` is the Flower twin of ``LocalTransport`` (register, train, evaluate), with
 deadlines: a site that does not answer in time is a ``dropped`` NodeFailure, a Flower error
 reply an ``error`` one, and the round goes on with the rest as long as at least ``min_nodes``
-answered. The round loop itself is ``fed_auc.coordinator.Coordinator``, unchanged.
+answered. The round loop itself is ``fed_auc.coordinator.loop.Coordinator``, unchanged.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fed_auc.accounting import BudgetSpent
-from fed_auc.algorithms.base import Broadcast, Reply
-from fed_auc.coordinator import FederationError
-from fed_auc.node import Evaluation
-from fed_auc.node_setup import NodeSetup
+from fed_auc.coordinator.errors import FederationError
+from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, Reply
+from fed_auc.experiment.files import FlowerSettings
+from fed_auc.node.setup import NodeSetup
+from fed_auc.privacy.accounting import BudgetSpent
 from fed_auc.trainable import Tensors
-from fed_auc.transport.base import NodeFailure
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.client import frame_content, message_frame
 from fed_auc.transport.flower.codec import (
@@ -39,41 +37,6 @@ PULL_INTERVAL_S = 0.05
 # The longest a pull may take once the deadline has come: enough to fetch a reply that was
 # complete at the SuperLink by then (a DenseNet121 reply is ~28 MB of float32 weights).
 LAST_PULL_S = 5.0
-
-
-@dataclass
-class FlowerSettings:
-    """The ``[flower]`` table of an experiment config."""
-
-    address: str = "127.0.0.1:9092"  # SuperLink host:port (Fleet, Control and Runtime APIs)
-    expected_sites: int = 1  # n: the sites the coordinator waits for at the start
-    min_nodes: int = 1  # k: fewest sites to start and to complete a round with
-    register_timeout_s: float = 300.0  # how long to wait for the expected sites at the start
-    round_timeout_s: float = 600.0  # deadline of a training phase
-    eval_timeout_s: float = 300.0  # deadline of an evaluation
-    pooled_scoring: bool = False  # per-image scores leave the sites only if this is on
-    certs_dir: str | None = None  # from `fed-auc certs`: TLS and the registered site keys
-    insecure: bool = False  # no TLS, no node keys: loopback experiments only
-
-    def __post_init__(self) -> None:
-        for name in ("expected_sites", "min_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"[flower] {name} must be an integer ≥ 1, got {value!r}")
-        if self.min_nodes > self.expected_sites:
-            raise ValueError(
-                f"[flower] min_nodes ({self.min_nodes}) cannot exceed expected_sites "
-                f"({self.expected_sites})"
-            )
-        host, sep, port = str(self.address).rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"[flower] address must be HOST:PORT, got {self.address!r}")
-        for name in ("register_timeout_s", "round_timeout_s", "eval_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"[flower] {name} must be a number > 0, got {value!r}")
-        if not self.insecure and self.certs_dir is None:
-            raise ValueError("[flower] needs certs_dir (from `fed-auc certs`) or insecure = true")
 
 
 class FlowerTransport:
@@ -151,7 +114,7 @@ class FlowerTransport:
         self, step: str, messages: Mapping[str, dict[str, Any]]
     ) -> dict[str, dict[str, Any] | NodeFailure]:
         """One step of secure aggregation at each site: its JSON message there, the answer
-        back (``fed_auc.secure_aggregation``; the protocol runs in the coordinator and nodes)."""
+        back (``fed_auc.privacy.secure``; the protocol runs in the coordinator and nodes)."""
         frames = {
             site: ({"kind": "secure", "setup": self.setup, "step": step, "message": m}, [])
             for site, m in messages.items()
@@ -185,7 +148,7 @@ class FlowerTransport:
     def report(
         self, sites: Sequence[str], request: Any, tensors: Tensors
     ) -> dict[str, dict[str, Any] | NodeFailure]:
-        """The evaluation job (``fed_auc.evaluation_job``): each node scores the model on its
+        """The evaluation job (``fed_auc.evaluate.job``): each node scores the model on its
         own splits and answers JSON only; deadline ``eval_timeout_s``."""
         header = {"kind": "report", "setup": self.setup, "request": request.to_dict()}
         memo: dict[int, str] = {}

@@ -3,7 +3,7 @@
 ``fed-auc node`` runs Flower's ClientApp tasks in this process (``flower.executor``) and
 hands each message to ``NodeWorker.handle``. The worker builds the site's ``Node`` from its
 site file and the run's ``NodeSetup`` (which every request carries) with
-``fed_auc.node_setup.build_node``, as ``fed-auc simulate`` does, and keeps it between
+``fed_auc.node.build.build_node``, as ``fed-auc simulate`` does, and keeps it between
 messages; its images are loaded once for all runs that see them alike. The node's local state
 lives under ``<state_dir>/<run id>/`` and survives a restart of the node.
 """
@@ -18,10 +18,12 @@ import torch
 
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_summary
-from fed_auc.evaluation_job import EvaluationRequest, site_report
-from fed_auc.metrics import mean_auc
-from fed_auc.node import Node
-from fed_auc.node_setup import NodeSetup, build_node
+from fed_auc.exchange import EvaluationRequest
+from fed_auc.metrics.auc import mean_auc
+from fed_auc.node.build import build_node
+from fed_auc.node.node import Node
+from fed_auc.node.report import site_report
+from fed_auc.node.setup import NodeSetup
 from fed_auc.site import SiteDefinition
 from fed_auc.transport.flower.codec import (
     Frame,
@@ -32,7 +34,7 @@ from fed_auc.transport.flower.codec import (
     reply_frame,
 )
 
-log = logging.getLogger("fed_auc.node")
+log = logging.getLogger("fed_auc.node.node")
 
 
 class NodeWorker:
@@ -95,7 +97,7 @@ class NodeWorker:
                 + f", {time.perf_counter() - start:.1f} s"
             )
             return reply_frame(reply)
-        if kind == "secure":  # a step of secure aggregation (fed_auc.secure_aggregation)
+        if kind == "secure":  # a step of secure aggregation (fed_auc.privacy.secure)
             return {"answer": node.secure_step(header["step"], header["message"])}, []
         if kind == "evaluate":
             tensors = frame_tensors((header, buffers), self._cache)

@@ -1,0 +1,178 @@
+"""``fed-auc coordinator``, ``fed-auc node`` and ``fed-auc certs``: arguments and checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fed_auc.experiment.files import load_experiment, load_resumed
+
+
+class CoordinatorFailed(RuntimeError):
+    """A Flower run that failed: one line for the console (what failed, how to go on)."""
+
+
+class CoordinatorStopped(KeyboardInterrupt):
+    """``fed-auc coordinator`` stopped by Ctrl-C or SIGTERM, everything it started with it."""
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
+    c.add_argument("--config", type=Path, help="experiment TOML with [flower]")
+    c.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted run from its last recorded round (its recorded options)",
+    )
+    c.add_argument("--rounds", type=int, help="override the config's rounds")
+    c.add_argument("--runs-dir", help="override the config's runs_dir (with --resume: runs)")
+    c.add_argument(
+        "--address",
+        help="override [flower] address, HOST:PORT the SuperLink listens on "
+        "(0.0.0.0:9092 to accept nodes from other machines)",
+    )
+    c.add_argument(
+        "--hold-out",
+        action="append",
+        metavar="SITE",
+        help="external validation: train without this site (repeatable); it joins, never "
+        "trains, and the exported model is scored at every site",
+    )
+    c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
+
+    n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
+    n.add_argument("--site", type=Path, required=True, help="the site file (hospitals/README.md)")
+    n.add_argument("--coordinator", help="HOST:PORT of the coordinator")
+    n.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the site file and its images and labels, print the data card, exit",
+    )
+    n.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit non-zero) when the data check warns: constant or saturated images",
+    )
+    n.add_argument(
+        "--image-size", type=int, default=28, help="image side for --check and the start check"
+    )
+    n.add_argument(
+        "--num-labels", type=int, default=1, help="labels of a synthetic site, for --check"
+    )
+    n.add_argument("--root-certificates", type=Path, help="the federation's CA (ca.pem)")
+    n.add_argument("--auth-key", type=Path, help="this site's private key (keys/<site>.key)")
+    n.add_argument("--insecure", action="store_true", help="no TLS, no key (loopback tests)")
+
+    k = sub.add_parser("certs", help="make a pilot CA, server certificate and site keys")
+    k.add_argument("--out", type=Path, default=Path("certs"), help="output folder (certs)")
+    k.add_argument("--site", action="append", required=True, help="site name (repeatable)")
+    k.add_argument("--host", action="append", default=[], help="coordinator DNS name or IP")
+
+
+def coordinator(args: argparse.Namespace) -> dict[str, Any]:
+    require_flower("coordinator")
+    from fed_auc.transport.flower.launch import run_coordinator
+
+    if (args.config is None) == (args.resume is None):
+        raise SystemExit("fed-auc coordinator: give --config (a new run) or --resume RUN_ID")
+    if args.resume is not None:
+        if args.rounds is not None:
+            raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
+        experiment = load_resumed(Path(args.runs_dir or "runs"), args.resume)
+    else:
+        overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address,
+                     "hold_out": args.hold_out}  # fmt: skip
+        experiment = load_experiment(args.config, overrides)
+    work_dir = Path(experiment["experiment"]["runs_dir"]) / "flower"
+    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    summary = run_coordinator(experiment, work_dir, echo)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        from fed_auc.run.headline import summary_headline
+
+        print(f"run {summary['run_id']} completed; pooled test AUC: {summary_headline(summary)}")
+    return summary
+
+
+def node(args: argparse.Namespace) -> int:
+    """Check the site file and its data; with ``--check`` print the data card and stop, else
+    serve the site until stopped."""
+    from fed_auc.site import SiteDefinition, check_site_data
+
+    try:
+        site = SiteDefinition.from_toml(args.site)
+        if not args.check:  # a second node on this state directory is refused at once
+            lock = _lock_state_dir(site)
+        data = site.load(args.image_size, args.num_labels)
+        check_site_data(site, data)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"fed-auc node: {exc}") from None
+    from fed_auc.data.cards import card_warnings, data_card, render_card
+
+    warnings = card_warnings(data)
+    if args.check:
+        print(render_card(data_card(data)))
+    for line in warnings:
+        print(f"fed-auc node: warning: {args.site}: {line}", file=sys.stderr)
+    if warnings and getattr(args, "strict", False):
+        raise SystemExit(
+            f"fed-auc node --strict: {args.site}: refused, the data check found "
+            f"{len(warnings)} problem(s): " + "; ".join(warnings)
+        )
+    if args.check:
+        state = f"ready with {len(warnings)} warning(s)" if warnings else "ready"
+        print(f"fed-auc node --check: {args.site} is {state} ({len(data.train)} training images)")
+        return 0
+    if args.coordinator is None:
+        raise SystemExit("fed-auc node: give --coordinator HOST:PORT (or --check)")
+    if not args.insecure and (args.root_certificates is None or args.auth_key is None):
+        raise SystemExit(
+            "fed-auc node: give --root-certificates (the CA) and --auth-key (the site key), "
+            "or --insecure for a loopback test"
+        )
+    for option in ("root_certificates", "auth_key"):
+        path = getattr(args, option)
+        if path is not None and not path.is_file():
+            raise SystemExit(f"fed-auc node: --{option.replace('_', '-')} {path}: no such file")
+    require_flower("node")
+    from fed_auc.transport.flower.launch import run_node
+    from fed_auc.transport.flower.node_watch import unlock_state_dir
+
+    try:
+        return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
+    finally:
+        unlock_state_dir(lock)
+
+
+def _lock_state_dir(site) -> Path:
+    """The site's state directory, locked for this process's life (``node_watch``)."""
+    from fed_auc.transport.flower.node_watch import StateDirBusy, lock_state_dir
+
+    try:
+        return lock_state_dir(site.state_dir.resolve())
+    except StateDirBusy as exc:
+        raise SystemExit(f"fed-auc node: {site.name}: {exc}") from None
+
+
+def require_flower(command: str) -> None:
+    """Flower (and ``cryptography`` for the certificates) come with the ``flower`` extra."""
+    try:
+        import cryptography  # noqa: F401
+        import flwr  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(
+            f"fed-auc {command} needs the Flower extra ({exc.name} is missing): "
+            "pip install -c constraints.txt 'fed-auc[flower]'"
+        ) from None
+
+
+def certs(args: argparse.Namespace) -> None:
+    require_flower("certs")
+    from fed_auc.transport.flower.certs import make_certs
+
+    out = make_certs(args.out, args.site, args.host)
+    print(f"CA, server certificate and keys for {args.site} in {out}")

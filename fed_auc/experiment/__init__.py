@@ -1,0 +1,1 @@
+"""The experiment config: its fields, checks and files."""

@@ -1,0 +1,353 @@
+"""A hospital node: its own data, a warm model, and local state that survives restarts.
+
+The node answers two requests, whatever the transport: ``train`` (run the backend's
+``client_update`` on local data) and ``evaluate`` (score a model on local splits). Only
+tensors of the model update and aggregate counts leave it; per-image scores leave only when
+the request asks for pooled scoring (simulation does, to report pooled AUC).
+
+Local state (control variates, the sampler's position) is committed in two steps, so a node
+never keeps the effect of a reply the federation did not keep. After training, the new state
+is written (atomically, checksummed) as *pending*; the coordinator's next request says which
+of this site's replies it has committed (``commit``: round and phase of the last accepted
+reply in a recorded round) and which reply of the current round it builds on (``continue``).
+A pending state with the committed tag becomes the local state; one with the continued tag
+is the working state for the next phase; any other (a reply that was dropped, rejected, or
+lost to a coordinator crash) is thrown away and the node goes back to its committed state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fed_auc.algorithms.base import Backend, Draw
+from fed_auc.algorithms.partial import choose_groups, memory_table, parse_budget
+from fed_auc.algorithms.personal import Personalization
+from fed_auc.data.augment import Augment
+from fed_auc.data.base import SiteData, Split
+from fed_auc.data.poisson import PoissonBatches
+from fed_auc.data.sampling import BatchStream
+from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
+from fed_auc.io import load_state, remove_stale_temporaries, save_state
+from fed_auc.losses import build_loss
+from fed_auc.metrics.auc import per_label_auc
+from fed_auc.metrics.operating_point import default_edges, score_bins
+from fed_auc.metrics.roc import per_label_roc
+from fed_auc.models import model_from_config
+from fed_auc.privacy.accounting import NodeSecret, release_key
+from fed_auc.privacy.dp_sgd import ExampleDP, PrivateTraining
+from fed_auc.privacy.secure.messages import CONFIG_KEY
+from fed_auc.privacy.update_dp import PrivateUpdates, UpdateDP
+from fed_auc.trainable import Tensors, Trainable
+from fed_auc.tta import check_tta, default_tta, predict
+
+LOCAL_STATE_FILE = "local_state.pt"
+PENDING_STATE_FILE = "local_state.pending.pt"
+EVAL_BATCH = 256
+AUGMENT_SEED_OFFSET = 7_919  # the augmentation draws from its own stream, not the sampler's
+
+
+def label_bins(
+    labels: np.ndarray, scores: np.ndarray, thresholds: list[float] | None
+) -> list[dict[str, Any]] | None:
+    """Per label, the score counts with that label's threshold among the bin edges."""
+    if thresholds is None:
+        return None
+    if len(thresholds) != labels.shape[1]:
+        raise ValueError(f"{len(thresholds)} thresholds for {labels.shape[1]} labels")
+    return [
+        score_bins(labels[:, j], scores[:, j], default_edges([t])).to_dict()
+        for j, t in enumerate(thresholds)
+    ]
+
+
+class Node:
+    """One site's participant in the federation."""
+
+    def __init__(
+        self,
+        site: SiteData,
+        backend: Backend,
+        model_config: dict[str, Any],
+        loss_name: str,
+        state_dir: str | Path,
+        batch_size: int = 32,
+        min_pos_fraction: float = 0.05,
+        min_neg_fraction: float = 0.0,
+        seed: int = 0,
+        memory_budget: float | int | str | None = None,
+        personalization: Personalization | None = None,
+        privacy: UpdateDP | None = None,
+        trainable: Trainable | None = None,
+        state_in_memory: bool = True,
+        augment: str = "none",
+        tta: str | None = None,
+        example_dp: ExampleDP | None = None,
+        local_steps: int | None = None,
+    ) -> None:
+        """``trainable``: a warm model shared with other in-process nodes (every request
+        loads the global tensors into it first, so it carries nothing from one site to the
+        next); None builds this node's own. ``local_steps``: the site's own τ_i (its site
+        file), which DP's planner plans for instead of the experiment's. ``state_in_memory``
+        False keeps the local state on disk only between rounds, so a simulation of hundreds
+        of sites holds one at a time.
+        ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
+        default for its ``augment``, as in ``fed-auc simulate``.
+        """
+        self.site = site
+        self.tta = check_tta(default_tta(augment) if tta is None else tta)
+        self.backend = backend
+        self.state_path = Path(state_dir) / LOCAL_STATE_FILE
+        self.pending_path = Path(state_dir) / PENDING_STATE_FILE
+        for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
+            remove_stale_temporaries(path)
+        if trainable is not None and (memory_budget is not None or personalization is not None):
+            raise ValueError("partial training and personal models need a node's own model")
+        if trainable is None:
+            model = model_from_config(model_config)
+            loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
+            trainable = Trainable(model, loss)
+        self.trainable = trainable
+        self.state_in_memory = state_in_memory
+        if memory_budget is not None:  # partial training: the suffix the budget allows
+            where = f"site {site.name!r} memory_budget"
+            table = memory_table(model_config, batch_size, int(site.train.images.shape[-1]))
+            groups = choose_groups(table, parse_budget(memory_budget, where), where)
+            if groups is not None:
+                self.trainable.train_only(groups)
+        self.personalization = personalization
+        if personalization is not None:
+            personalization.check_backend(backend)
+            personalization.setup(self.trainable)
+        self._personal: dict[str, Any] = {}  # personal model (personalization), same file
+        if example_dp is not None and privacy is not None:
+            raise ValueError("choose update-level (privacy) or example-level DP, not both")
+        noised = example_dp is not None or (privacy is not None and privacy.accounted)
+        # the noise (and DP-SGD's sample) come from a secret only this node holds
+        self.secret = NodeSecret(state_dir) if noised else None
+        stream = BatchStream if example_dp is None else PoissonBatches
+        self.batches = stream(
+            site.train,
+            batch_size,
+            seed=seed if example_dp is None else self.secret.seed("sampler"),
+            min_pos_fraction=min_pos_fraction,
+            min_neg_fraction=min_neg_fraction,
+            augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
+        )
+        # what changes a release's computation, besides the request and the local state
+        self._settings = {
+            "backend": backend.name, "hyperparameters": backend.hyperparameters(),
+            "loss": loss_name, "batch_size": batch_size, "augment": augment,
+            "floors": [min_pos_fraction, min_neg_fraction],
+            "trained_groups": self.trainable.trained_groups,
+            "personalize": None if personalization is None else repr(personalization),
+            "dp": repr(example_dp or privacy),
+        }  # fmt: skip
+        self.private_training = None
+        if example_dp is not None:
+            if local_steps is not None:
+                example_dp = dataclasses.replace(example_dp, local_steps=local_steps)
+            self.private_training = PrivateTraining(
+                example_dp, site.name, self.batches, state_dir, self.secret,
+                self.private_draws(example_dp.local_steps),
+            )  # fmt: skip
+        self.private_updates = None
+        if privacy is not None:
+            blocks = [len(backend.reply_layout(phase).prefixes) for phase in backend.phases]
+            self.private_updates = PrivateUpdates(
+                privacy, site.name, state_dir, self.secret, blocks
+            )
+        self._initial_sampler = self.batches.state_dict()
+        self._local_state: dict[str, Any] | None = None  # the working state, in memory
+        self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
+        self._secure = None  # this site's side of secure aggregation, made when first asked
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    def private_draws(self, local_steps: int) -> list[Draw]:
+        """What one round draws from the training data (DP-SGD's plan): every phase's
+        ``Backend.private_draws``, plus the personal model's own steps (``l2``)."""
+        draws = []
+        for phase in self.backend.phases:
+            drawn = self.backend.private_draws(phase, local_steps)
+            draws += drawn
+            if self.personalization is not None and any(d.kind == "batch" for d in drawn):
+                draws += self.personalization.private_draws(local_steps)
+        return draws
+
+    def registration(self) -> dict[str, Any]:
+        """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
+        split = self.site.train
+        return {
+            "n": len(split),
+            "positives": split.positives(),
+            "known": split.known(),
+            "trained_groups": self.trainable.trained_groups,
+        }
+
+    def train(self, broadcast: Broadcast) -> Reply:
+        """Run the backend's local update and write the new state as pending before replying."""
+        private, updates = self.private_training, self.private_updates
+        for dp in (private, updates):
+            if dp is not None:
+                dp.check_open()  # a site whose budget is spent trains no more
+        self._sync_local_state(broadcast)
+        key = ""  # the release this update makes: everything that fixes its computation
+        if self.secret is not None:
+            local = {"backend": self._local_state, "personal": self._personal}
+            key = release_key(
+                self.name, broadcast, self.batches.state_dict(), self._settings, local
+            )
+        if self.trainable.is_minimax:
+            self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
+        with private.update(self.trainable, key) if private else nullcontext() as log:
+            if self.personalization is None:
+                reply, self._local_state = self.backend.client_update(
+                    broadcast, self._local_state, self.trainable, self.batches
+                )
+            else:
+                reply, self._local_state, self._personal = self.personalization.train(
+                    self.backend,
+                    broadcast,
+                    self._local_state,
+                    self._personal,
+                    self.trainable,
+                    self.batches,
+                )
+        if private is not None:
+            try:  # counted in the site's ledger before it leaves, or not sent at all
+                reply = private.release(reply, broadcast, log)
+            except Exception:
+                self._local_state, self._personal = None, {}  # back to what is on disk
+                raise
+        reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
+        reply.num_examples = len(self.site.train)
+        reply.trained_groups = self.trainable.trained_groups
+        if updates is not None:  # the state kept must match the reply that leaves
+            blocks = self.backend.reply_blocks(reply, broadcast)
+            try:  # counted in the site's ledger before it leaves, or not sent at all
+                sent = updates.release(reply, broadcast, blocks, key)
+            except Exception:
+                self._local_state, self._personal = None, {}  # back to what is on disk
+                raise
+            self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
+            reply = sent
+        if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves
+            reply = self._client().masked_reply(reply, broadcast, self.backend)
+        self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
+        state = {
+            "tag": self._pending_tag,
+            "backend": self._local_state,
+            "sampler": self.batches.state_dict(),
+        }
+        if self._personal:
+            state["personal"] = self._personal
+        save_state(state, self.pending_path)
+        if not self.state_in_memory:  # read back from the pending file when next asked
+            self._local_state, self._personal = None, {}
+        return reply
+
+    def secure_step(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Answer a step of secure aggregation (``fed_auc.privacy.secure``)."""
+        return self._client().handle(step, message)
+
+    def _client(self):
+        if self._secure is None:  # the cryptography libraries load only when asked for
+            from fed_auc.privacy.secure.client import SecureClient
+
+            self._secure = SecureClient(self.name)
+        return self._secure
+
+    def _sync_local_state(self, broadcast: Broadcast) -> None:
+        """Promote, continue from or discard the pending state, as the request says."""
+        if self._pending_tag is None and self.pending_path.exists():  # after a restart
+            self._pending_tag = load_state(self.pending_path)["tag"]
+            self._local_state = None
+        # A driver that does not speak the protocol (a test, a script) keeps every state.
+        commit = broadcast.config.get("commit", self._pending_tag)
+        follow = broadcast.config.get("continue")
+        if self._pending_tag is not None:
+            tag, self._pending_tag = self._pending_tag, None
+            if tag == follow:  # a later phase of the round in progress
+                self._pending_tag = tag
+                self._load(self.pending_path)
+                return
+            if tag == commit:
+                self._load(self.pending_path)
+                os.replace(self.pending_path, self.state_path)
+                return
+            self.pending_path.unlink(missing_ok=True)  # never kept by the federation
+            self._local_state = None
+        if self._local_state is None:
+            self._load(self.state_path)
+
+    def _load(self, path: Path) -> None:
+        """Make the state saved at ``path`` the working one (no-op if it already is)."""
+        if self._local_state is not None and path == self.pending_path:
+            return  # the working state is the pending one, still in memory
+        saved = load_state(path) if path.exists() else {}
+        self.batches.load_state_dict(saved.get("sampler", self._initial_sampler))
+        self._local_state = saved.get("backend", {})
+        self._personal = saved.get("personal", {})
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        tensors: Tensors,
+        splits: tuple[str, ...] = ("val", "test"),
+        pooled: bool = False,
+        thresholds: list[float] | None = None,
+    ) -> Evaluation:
+        """Score the given model on local splits: AUC with CI per label, and counts.
+        ``thresholds`` (per label, the model card's): also bin the test scores per label with
+        these thresholds among the edges, for operating points without per-image scores."""
+        start = time.perf_counter()
+        result = Evaluation(self.name, self._score(tensors, splits, pooled, thresholds))
+        if self.personalization is not None:  # and the site's own model, scored here only
+            if self._local_state is None:  # nothing loaded yet: the latest state on disk
+                newest = self.pending_path if self.pending_path.exists() else self.state_path
+                saved = load_state(newest) if newest.exists() else {}
+                self._personal = saved.get("personal", {})
+            personal = self.personalization.model(tensors, self._personal)
+            if personal is not None:
+                result.personal = self._score(personal, splits, pooled=False)
+        result.duration_s = time.perf_counter() - start
+        return result
+
+    def _score(
+        self,
+        tensors: Tensors,
+        splits: tuple[str, ...],
+        pooled: bool,
+        thresholds: list[float] | None = None,
+    ) -> dict[str, SplitEvaluation]:
+        self.trainable.load(tensors)
+        out = {}
+        for name in splits:
+            split: Split = getattr(self.site, name)
+            scores = self.scores(split.images)
+            labels = split.labels.numpy()
+            out[name] = SplitEvaluation(
+                n=len(split),
+                positives=split.positives(),
+                aucs=per_label_auc(labels, scores),
+                scores=scores if pooled else None,
+                labels=labels if pooled else None,
+                roc=per_label_roc(labels, scores) if name == "test" else None,
+                bins=label_bins(labels, scores, thresholds) if name == "test" else None,
+            )
+        return out
+
+    @torch.no_grad()
+    def scores(self, images: torch.Tensor) -> np.ndarray:
+        """h = sigmoid(logit) for every image, in eval mode, averaged over the TTA views."""
+        return predict(self.trainable.model, images, self.tta, EVAL_BATCH)

@@ -1,0 +1,47 @@
+"""A site's report for an evaluation job: the model scored on its splits, as counts, ROC points and
+binned scores (never per-image scores).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from fed_auc.data.base import SiteData
+from fed_auc.exchange import MODEL_FORMAT, EvaluationRequest
+from fed_auc.metrics.report import label_result
+from fed_auc.models import model_from_config
+from fed_auc.tta import predict
+
+
+def site_report(
+    data: SiteData, request: EvaluationRequest, tensors: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """On the node: per split and label, everything ``label_result`` reports; no scores."""
+    if request.model_format != MODEL_FORMAT:
+        raise ValueError(
+            f"unknown model format {request.model_format!r}; this node reads {MODEL_FORMAT}"
+        )
+    names = request.label_names
+    if data.num_labels != len(names):
+        raise ValueError(
+            f"site {data.name}: data has {data.num_labels} label(s), the model {len(names)}"
+        )
+    start = time.perf_counter()
+    model = model_from_config(request.model_config)
+    model.load_state_dict(tensors)
+    out: dict[str, Any] = {"site": data.name, "splits": {}}
+    for split in request.splits:
+        part = getattr(data, split)
+        scores = predict(model, part.images, request.tta)
+        labels = part.labels.numpy()
+        out["splits"][split] = {
+            label: label_result(
+                labels[:, j], scores[:, j], request.thresholds[j], request.bootstrap, request.seed
+            )
+            for j, label in enumerate(names)
+        }
+    out["duration_s"] = time.perf_counter() - start
+    return out

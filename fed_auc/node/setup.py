@@ -1,0 +1,80 @@
+"""What a node needs from the experiment, and the one function that builds a node from it.
+
+``NodeSetup`` is plain JSON: the Flower coordinator sends it with every request, and
+``fed-auc simulate`` builds the same one for its in-process nodes. ``build_node`` turns it and
+a site's data into a ``Node``, the same way for both, so a site trains identically in-process
+and over Flower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from fed_auc.algorithms.personal import Personalization
+from fed_auc.data.base import SiteData
+
+SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """The experiment as one node sees it (every field JSON-able)."""
+
+    run_id: str
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    model_config: dict[str, Any]
+    loss: str
+    batch_size: int
+    min_pos_fraction: float
+    min_neg_fraction: float
+    augment: str
+    tta: str
+    seed: int
+    image_size: int
+    num_labels: int
+    data_scale: float = 1.0
+    update_dp: dict[str, Any] | None = None  # fed_auc.privacy.update_dp.UpdateDP's fields
+    example_dp: dict[str, Any] | None = None  # fed_auc.privacy.dp_sgd.ExampleDP's fields
+    partial_training: bool = False  # the node trains what its own memory budget allows
+    personalize: str | None = None
+    personal_lambda: float = 1.0
+    personal_lr_ratio: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> NodeSetup:
+        return cls(**values)
+
+    def data_key(self) -> tuple:
+        """What the site's images depend on: equal keys, same data (a node reuses them)."""
+        return (self.image_size, self.num_labels, self.seed, self.data_scale)
+
+    def for_run(self, run_id: str, algorithm: str, loss: str, hyperparameters: dict) -> NodeSetup:
+        """The same nodes for another run on the same sites (the warm-up's fedavg + CE)."""
+        return replace(
+            self, run_id=run_id, algorithm=algorithm, loss=loss, hyperparameters=hyperparameters
+        )
+
+    def personalization(self) -> Personalization | None:
+        if self.personalize is None:
+            return None
+        return Personalization(self.personalize, self.personal_lambda, self.personal_lr_ratio)
+
+
+def check_batch_size(data: SiteData, batch_size: int) -> None:
+    """A batch no larger than the site's training split, checked before anything is
+    allocated: a larger one would draw (and hold) that many images per step."""
+    n = len(data.train)
+    if batch_size > n:
+        where = data.meta.get("site_file")
+        source = f" ({where})" if where else ""
+        raise ValueError(
+            f"site {data.name!r}{source}: batch size {batch_size} is larger than its "
+            f"training split ({n} images); use a batch size of at most {n}"
+        )
+
+

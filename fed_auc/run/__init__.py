@@ -1,0 +1,3 @@
+"""One run's lifecycle for both transports: start the coordinator, warm up, hold a site out, train,
+export, close.
+"""

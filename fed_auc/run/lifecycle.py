@@ -1,0 +1,253 @@
+"""A federated run from its first round to its exported model, whatever the transport.
+
+``fed-auc simulate`` (in-process nodes) and the Flower coordinator (``fed_auc.transport.flower``)
+both use these: the optional fedavg + cross-entropy warm-up, the training rounds with the
+selected model tracked, and closing the run (export, model card, summary, status).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fed_auc.algorithms import build_backend
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.robust import Aggregation
+from fed_auc.coordinator.selection import BestModel, track_best_model
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.report import youden_threshold
+from fed_auc.registry.card import model_card, privacy_card
+from fed_auc.registry.export import export_model
+from fed_auc.store.records import RoundRecord, as_float
+from fed_auc.store.run_store import RunStore
+from fed_auc.trainable import Tensors, Trainable
+
+EXPORTED = "exported"  # the store's name for the model a run exported
+DEFAULT_THRESHOLD = 0.5  # where no threshold could be chosen (no pooled validation scores)
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def secure_aggregation(config: ExperimentConfig):
+    """The run's ``SecureAggregation`` settings, or None when it is off."""
+    if not config.secure_aggregation:
+        return None
+    from fed_auc.coordinator.secure_phase import SecureAggregation
+
+    return SecureAggregation(
+        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
+    )
+
+
+def start_coordinator(
+    config: ExperimentConfig,
+    transport: Any,
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+    server: Trainable,
+    personal: Collection[str],
+    fixed_steps: dict[str, int],
+    pooled_scoring: bool = True,
+) -> Coordinator:
+    """The coordinator of the main run, the same for both transports; ``fixed_steps``: the
+    τ_i that sites set in their own files."""
+    return Coordinator(
+        build_backend(config.algorithm, **config.backend_hyperparameters()),
+        transport,
+        store,
+        run_id,
+        run_dir,
+        server,
+        participation=config.participation,
+        seed=config.seed,
+        pooled_scoring=pooled_scoring,
+        local_work=config.local_work(list(transport.register()), fixed_steps),
+        personal=personal,
+        max_update_norm=config.max_update_norm,
+        aggregation=Aggregation.parse(config.aggregation),
+        secure=secure_aggregation(config),
+        eval_every=config.eval_every,
+        dp_relation=config.dp_relation(),
+    )
+
+
+def train_and_close(
+    config: ExperimentConfig,
+    coordinator: Coordinator,
+    run_dir: Path,
+    model_config: dict[str, Any],
+    cards: list[dict[str, Any]],
+    on_round: Callable[[RoundRecord], None] | None = None,
+    thresholds: bool = True,
+) -> dict[str, Any]:
+    """Train the rounds still missing, export the selected model and close the run.
+    ``thresholds``: whether pooled validation scores may leave the sites to set the card's
+    operating threshold (always in-process; over Flower only with pooled scoring)."""
+    store, run_id = coordinator.store, coordinator.run_id
+    best = track_best_model(coordinator, run_dir, config.select)
+    try:
+        coordinator.run(config.rounds, on_round)
+        best.settle(store, run_id, coordinator)
+        chosen = []
+        if thresholds:
+            chosen = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
+        cut = chosen or [DEFAULT_THRESHOLD] * int(model_config["num_labels"])
+        exported = exported_evaluation(coordinator.transport, coordinator.sites, best.tensors, cut)
+    except BaseException as exc:
+        fail_run(store, run_id, exc)
+        raise
+    finally:
+        coordinator.close()
+    return close_run(store, run_id, run_dir, config, coordinator.backend, best, model_config,
+                     cards, chosen, exported)  # fmt: skip
+
+
+def close_run(
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+    config: ExperimentConfig,
+    backend: Any,
+    best: BestModel,
+    model_config: dict[str, Any],
+    cards: list[dict[str, Any]],
+    thresholds: list[float],
+    exported: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Export the selected model with its card, record the run as completed, close the store.
+    ``exported``: the export's scores per site (``exported_evaluation``), recorded in the store.
+
+    Shared by ``fed-auc simulate`` and the Flower coordinator, so both export the same thing.
+    """
+    summary = summarize(run_id, run_dir, config, store)
+    summary["selected_round"] = best.round
+    selected = store.rounds(run_id).set_index("round", drop=False).loc[best.round].copy()
+    site_frame = store.site_rounds(run_id).query(f"round == {best.round}").copy()
+    what = f"the model of round {best.round}"
+    if best.metrics is not None:  # an average: its own scores replace the round's
+        what = f"the mean of the models of rounds {best.rounds}"
+        summary["averaged_rounds"] = best.rounds
+        for key in ("global_auc", "global_val_auc", "worst_site_auc"):
+            selected[key] = best.metrics[key]
+        for key in ("auc", "auc_lo", "auc_hi", "n_test"):
+            values = {site: m[key] for site, m in best.metrics["sites"].items()}
+            site_frame[key] = site_frame["site"].map(values)
+    card = model_card(
+        summary, selected, site_frame, config, backend.hyperparameters(), model_config, cards
+    )
+    card["threshold"] = thresholds
+    card["averaged_rounds"] = best.rounds if best.averaged else None
+    card["privacy"] = privacy_card(config, store.site_rounds(run_id), best.round)
+    summary["exported_auc"] = card["global_auc"]
+    summary["threshold"] = thresholds
+    if exported is not None:
+        store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])
+        for site, message in exported["failures"].items():
+            store.add_event(run_id, f"exported model not scored: {message}", "warning", site)
+    model_path = export_model(run_dir / "model", best.tensors, model_config, card)
+    summary["model_path"] = str(model_path)
+    store.add_event(run_id, f"exported {what}")
+    store.add_event(run_id, "run completed")
+    store.finish_run(run_id, "completed", summary)
+    store.close()
+    return summary
+
+
+def exported_evaluation(
+    transport, sites: list[str], tensors: Tensors, thresholds: list[float]
+) -> dict[str, Any]:
+    """The exported model scored on every site's test split: per label n, positives, AUC with
+    CI, the card's threshold and binned score counts (no per-image score leaves a site).
+    Sites that do not answer are listed under ``failures`` with the reason."""
+    answers = transport.evaluate(sites, tensors, pooled=False, thresholds=thresholds)
+    out: dict[str, Any] = {"sites": {}, "failures": {}}
+    for site, answer in answers.items():
+        if not hasattr(answer, "splits"):
+            out["failures"][site] = f"{answer.status}: {answer.message}"
+            continue
+        test = answer.splits["test"]
+        out["sites"][site] = [
+            {
+                "n": a.n,
+                "positives": a.positives,
+                "auc": a.auc,
+                "auc_lo": a.lo,
+                "auc_hi": a.hi,
+                "note": a.reason,
+                "threshold": t,
+                "bins": b,
+            }  # fmt: skip
+            for a, t, b in zip(
+                test.aucs, thresholds, test.bins or [None] * len(thresholds), strict=True
+            )  # fmt: skip
+        ]
+    return out
+
+
+def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
+    """Per label, the score threshold maximising Youden's J on the pooled validation scores
+    (0.5 where validation has one class): the model card's operating point."""
+    answers = transport.evaluate(sites, tensors, pooled=True)
+    parts = [a.splits["val"] for a in answers.values() if hasattr(a, "splits")]
+    parts = [p for p in parts if p.scores is not None and p.n > 0]
+    if not parts:
+        return []
+    labels = np.concatenate([p.labels for p in parts])
+    scores = np.concatenate([p.scores for p in parts])
+    return [youden_threshold(labels[:, j], scores[:, j]) for j in range(labels.shape[1])]
+
+
+def fail_run(store: RunStore, run_id: str, exc: BaseException) -> None:
+    """Mark the run failed (rounds already recorded stay) and close the store."""
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM where the CLI maps it so
+        reason = "stopped by the operator (Ctrl-C or SIGTERM)"
+        store.add_event(run_id, f"run {reason}; it can be resumed", level="error")
+    else:
+        reason = str(exc)
+        store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
+    store.finish_run(run_id, "failed", {"error": reason})
+    store.close()
+
+
+def summarize(
+    run_id: str, run_dir: Path, config: ExperimentConfig, store: RunStore
+) -> dict[str, Any]:
+    """The run's JSON summary, read back from the store (so a resumed run reports all rounds)."""
+    rounds = store.rounds(run_id)
+    final = store.site_rounds(run_id).query(f"round == {config.rounds}")
+    return {
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "algorithm": config.algorithm,
+        "rounds": config.rounds,
+        "global_auc": [as_float(v) for v in rounds["global_auc"]],  # index = round; 0 = initial
+        "worst_site_auc": [as_float(v) for v in rounds["worst_site_auc"]],
+        "site_auc": {row.site: as_float(row.auc) for row in final.itertuples()},
+        "site_personal_auc": {row.site: as_float(row.personal_auc) for row in final.itertuples()},
+        "trained_groups": {
+            row.site: json.loads(row.trained_groups)
+            if isinstance(row.trained_groups, str)
+            else None
+            for row in final.itertuples()
+        },
+    }
+
+
