@@ -39,7 +39,7 @@ from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.codec import PER_TENSOR_ENV
-from fed_auc.transport.flower.launch import free_port
+from fed_auc.transport.flower.processes import free_port
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]

@@ -11,6 +11,7 @@ coordinator, the node or a transport.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +19,25 @@ import numpy as np
 
 from fed_auc.metrics.auc import AUCResult
 from fed_auc.trainable import Tensors
+
+
+class NodeRefused(RuntimeError):
+    """A node declining a request on purpose, not failing: ``status`` is what the
+    coordinator records for it (e.g. ``budget_spent``). A transport that carries only text
+    sends ``refusal(exc)``, and the other end reads the status back with ``refused_status``."""
+
+    status = "refused"
+
+
+def refusal(exc: NodeRefused) -> str:
+    """The refusal as one line of text: ``refused[STATUS]: message``."""
+    return f"refused[{exc.status}]: {exc}"
+
+
+def refused_status(reason: str) -> str | None:
+    """The status of a refusal sent as text (``refusal``), None for any other error."""
+    match = re.search(r"refused\[(\w+)\]: ", reason)
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from typing import Any
 
 from fed_auc.algorithms.partial import parse_budget
 from fed_auc.data.augment import AUGMENTATIONS
-from fed_auc.data.base import SiteData
+from fed_auc.data.base import SiteData, check_name
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_class, validate_positive_label
@@ -225,12 +225,7 @@ def available_memory() -> int:
 def _name(path: Path, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{path}: missing required top-level field 'name' (a string)")
-    if not (name[0].isalnum() and all(c.isalnum() or c in "_.-" for c in name)):
-        raise ValueError(
-            f"{path}: name = {name!r}: letters, digits, '_', '.' and '-', starting with a "
-            "letter or digit"
-        )
-    return name
+    return check_name(name, f"{path}: name")
 
 
 def _check_keys(path: Path, table: str, values: dict[str, Any], valid: tuple[str, ...]) -> None:

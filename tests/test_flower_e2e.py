@@ -29,7 +29,7 @@ from fed_auc.node.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.certs import make_certs
-from fed_auc.transport.flower.launch import free_port
+from fed_auc.transport.flower.processes import free_port
 
 HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]

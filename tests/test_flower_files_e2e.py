@@ -29,7 +29,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
-from fed_auc.transport.flower.launch import free_port
+from fed_auc.transport.flower.processes import free_port
 from tests.data_files import write_dicom, write_npz, write_png
 from tests.test_dashboard import PAGES, open_page
 

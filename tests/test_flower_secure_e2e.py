@@ -16,7 +16,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
-from fed_auc.transport.flower.launch import free_port
+from fed_auc.transport.flower.processes import free_port
 from tests.data_files import write_npz
 from tests.test_flower_files_e2e import _coordinator, _fed_auc, _site_file, _store, _summary
 

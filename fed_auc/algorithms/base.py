@@ -131,6 +131,10 @@ class Backend(ABC):
     refuses_robust_aggregation: str = ""
     # Why the backend cannot run under update-level DP clipping (dp_clip); "" = it can.
     refuses_update_dp: str = ""
+    # Why a personal head (--personalize head) cannot run with the backend; "" = it can.
+    refuses_personal_head: str = ""
+    # The reply prefix of control-variate changes, whose norm the store records (cv_drift).
+    control_delta_prefix: str | None = None
 
     def __init__(
         self,

@@ -75,6 +75,7 @@ ALPHA = AUC + "alpha"  # the dual variable α (Trainable.dual)
 
 class CODASCA(Backend):
     name = "codasca"
+    control_delta_prefix = CONTROL_DELTA
     refuses_robust_aggregation = (
         "its control variates need c = mean_k c^k, and the server derives each Δc^k from the "
         "reply it aggregates: a reply clipped on the server gives a Δc^k that differs from "

@@ -169,6 +169,7 @@ class _FedSGDA(Backend):
         "point (toy: 0.46 from the saddle point with dp_clip 0.5), and that norm is unknown "
         "before training"
     )
+    refuses_personal_head = "its global gradient estimate covers every tensor"
 
     def __init__(
         self,

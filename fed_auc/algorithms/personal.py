@@ -24,7 +24,6 @@ import torch
 
 from fed_auc.algorithms.base import Backend, Batches, Draw, LocalState, model_part
 from fed_auc.algorithms.codasca import CONTROL, REF
-from fed_auc.algorithms.fedsgda import _FedSGDA
 from fed_auc.algorithms.sgda import StepRule, primal_direction
 from fed_auc.exchange import Broadcast, Reply
 from fed_auc.models import group_of
@@ -50,10 +49,10 @@ class Personalization:
 
     def check_backend(self, backend: Backend) -> None:
         """FedSGDA's global gradient estimate spans every tensor: no private head there."""
-        if self.mode == "head" and isinstance(backend, _FedSGDA):
+        if self.mode == "head" and backend.refuses_personal_head:
             raise ValueError(
-                f"--personalize head does not compose with {backend.name} (its global "
-                "gradient estimate covers every tensor); use --personalize l2"
+                f"--personalize head does not compose with {backend.name} "
+                f"({backend.refuses_personal_head}); use --personalize l2"
             )
 
     def private_draws(self, local_steps: int) -> list[Draw]:

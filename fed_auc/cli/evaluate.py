@@ -134,7 +134,7 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         record = {"evaluation": job, "flower": experiment["flower"], "transport": "flower"}
         run_id = store.create_run("evaluate", record, git_revision())
     experiment = {**experiment, "run_id": run_id, "evaluation": job}
-    from fed_auc.cli.federation import CoordinatorFailed
+    from fed_auc.transport.flower.launch import CoordinatorFailed
 
     try:
         summary = run_coordinator(experiment, Path(runs_dir) / "flower", echo=_stderr)

@@ -11,14 +11,6 @@ from typing import Any
 from fed_auc.experiment.files import load_experiment, load_resumed
 
 
-class CoordinatorFailed(RuntimeError):
-    """A Flower run that failed: one line for the console (what failed, how to go on)."""
-
-
-class CoordinatorStopped(KeyboardInterrupt):
-    """``fed-auc coordinator`` stopped by Ctrl-C or SIGTERM, everything it started with it."""
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
     c.add_argument("--config", type=Path, help="experiment TOML with [flower]")

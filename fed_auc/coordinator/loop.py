@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from fed_auc.algorithms.base import Backend, ServerState
-from fed_auc.algorithms.codasca import CONTROL_DELTA
 from fed_auc.algorithms.partial import model_groups
 from fed_auc.coordinator.checkpoint import load_checkpoint, write_checkpoint
 from fed_auc.coordinator.errors import BudgetsSpent, FederationError
@@ -221,7 +220,9 @@ class Coordinator:
             robust = self.aggregation.apply(valid, blocks)
             completed = [self.backend.complete_reply(r, requests[r.site]) for r in robust]
             for reply in completed:
-                rows[reply.site].cv_drift = tensor_norm(reply.tensors, CONTROL_DELTA)
+                prefix = self.backend.control_delta_prefix
+                if prefix is not None:
+                    rows[reply.site].cv_drift = tensor_norm(reply.tensors, prefix)
             self.state = self.backend.aggregate(self.state, completed, phase)
         self._start_checkpoint(record.round, kept)
         if evaluate:

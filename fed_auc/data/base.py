@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+# The one rule for a site's (and a registered model's) name: it names folders, files, store
+# rows and Flower node records on every system, so ASCII only.
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it follows ``NAME_RULE``, else a ValueError naming ``what`` and the value."""
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
+        raise ValueError(
+            f"{what} = {name!r}: letters, digits, '_', '.' and '-' (ASCII), starting with a "
+            "letter or digit"
+        )
+    return name
 
 
 @dataclass

@@ -9,7 +9,6 @@ function of the seed, so demos, tests and benchmarks are reproducible bit for bi
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fed_auc.data.base import SiteData, Split
+from fed_auc.data.base import SiteData, Split, check_name
 from fed_auc.data.rendering import REFERENCE_SIZE, apply_scanner, render_patients
 
 FINDINGS = ("opacity", "effusion", "cardiomegaly", "nodule", "consolidation")
@@ -29,7 +28,6 @@ GENERIC_FINDING = "finding"
 """Single-label default: lesion-like opacities (the same signature as "opacity")."""
 
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _RANGES: dict[str, tuple[float, float]] = {
     "intensity_shift": (-0.5, 0.5),
     "contrast": (0.05, 4.0),
@@ -130,8 +128,7 @@ def _check_number(name: str, value: Any) -> float:
 
 def _validate(p: SiteProfile) -> None:
     """Reject values that would silently produce nonsense data."""
-    if not isinstance(p.name, str) or not _NAME_PATTERN.match(p.name):
-        raise _field_error("name", p.name, "must be a non-empty identifier [A-Za-z0-9_.-]")
+    check_name(p.name, "field 'name'")
     for name, minimum in (("n_train", 1), ("n_val", 0), ("n_test", 0)):
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int):

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fed_auc.exchange import NodeRefused
 from fed_auc.io import save_json
 from fed_auc.privacy.secure.messages import CONFIG_KEY as SECURE_CONFIG_KEY
 
@@ -75,8 +76,10 @@ RELATIONS = {
 UPDATE_SENSITIVITY = 2.0
 
 
-class BudgetSpent(RuntimeError):
+class BudgetSpent(NodeRefused):
     """The site's privacy budget does not allow another release: it stops training."""
+
+    status = "budget_spent"
 
 
 @dataclass(frozen=True)

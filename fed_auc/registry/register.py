@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
+from fed_auc.data.base import check_name
 from fed_auc.registry.load import load_registered_model
 
 FILES = ("model.pt", "model_card.json", "MODEL_CARD.md")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def register_model(model_dir: str | Path, name: str, models_dir: str | Path = "models") -> Path:
     """Copy an exported model folder to ``models_dir/name``; never overwrites."""
-    if not _NAME.match(name):
-        raise ValueError(f"model name {name!r}: use letters, digits, '.', '_' or '-'")
+    check_name(name, "model name")
     model_dir = Path(model_dir)
     load_registered_model(model_dir)  # refuses anything that is not the registry format
     target = Path(models_dir) / name

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, Reply
+from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, NodeRefused, Reply
 from fed_auc.node.node import Node
-from fed_auc.privacy.accounting import BudgetSpent
 from fed_auc.trainable import Tensors
 
 
@@ -68,7 +67,7 @@ class LocalTransport:
     def _call(self, site: str, request):
         try:
             return request(self.nodes[site])
-        except BudgetSpent as exc:  # DP-SGD: the site stops training, and says why
-            return NodeFailure(site, "budget_spent", str(exc))
+        except NodeRefused as exc:  # e.g. a spent privacy budget: the site says why
+            return NodeFailure(site, exc.status, str(exc))
         except Exception as exc:  # a failing node must not stop the federation
             return NodeFailure(site, "error", f"{type(exc).__name__}: {exc}")

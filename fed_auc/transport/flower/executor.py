@@ -29,6 +29,7 @@ from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
+from fed_auc.exchange import NodeRefused, refusal
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.client import frame_content, message_frame
 
@@ -56,6 +57,8 @@ def answer(message: Message, handle: Handler, site: str) -> Message:
     """The reply to one fed-auc message; an error of the worker becomes a Flower error reply."""
     try:
         header, buffers = handle(*message_frame(message.content))
+    except NodeRefused as exc:  # on purpose (e.g. a spent budget): its status travels
+        header, buffers = {"error": refusal(exc)}, []
     except ValueError as exc:  # bad input: the worker said it in one line; no traceback
         log.debug("%s: request refused: %s", site, exc)
         header, buffers = {"error": f"{type(exc).__name__}: {exc}"}, []

@@ -10,20 +10,16 @@ CLIs do the work (``flwr``, ``flower-superlink``, ``flower-supernode``); they sp
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from fed_auc.cli.federation import CoordinatorFailed, CoordinatorStopped
 from fed_auc.experiment.files import FlowerSettings
 from fed_auc.run.lifecycle import git_revision
 from fed_auc.site import SiteDefinition
@@ -31,18 +27,26 @@ from fed_auc.store.run_store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
 from fed_auc.transport.flower.node_watch import (
-    REFUSED,
     SupernodeWatch,
     lock_state_dir,
     unlock_state_dir,
+)
+from fed_auc.transport.flower.processes import (
+    die_with_parent,
+    flower_env,
+    follow_log,
+    free_port,
+    kill_group,
+    reachable,
+    read_from,
+    stop_tree,
+    wait_for_port,
+    wait_or_unstick,
 )
 from fed_auc.transport.flower.worker import NodeWorker
 
 CONNECTION = "fedauc"
 RESTART_DELAY_S = 5.0
-PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
-STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
-STOP_GRACE_S = 15.0  # how long the coordinator's processes get to stop before SIGKILL
 
 APP_PYPROJECT = """\
 # Written by fed-auc (flower_launch.write_app): the fed-auc Flower app.
@@ -75,18 +79,6 @@ SERVER_MODULE = (
 )
 
 
-def flower_env(home: Path) -> dict[str, str]:
-    """Environment for Flower's processes: our bin on PATH, telemetry off, own FLWR_HOME."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
-    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # no network: the check would only wait
-    env["FLWR_HOME"] = str(home)
-    # The SuperExec looks for work to start every second by default: a second per message.
-    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
-    return env
-
-
 def write_app(app_dir: Path) -> Path:
     """The Flower app: its pyproject, the thin ClientApp (stdlib + Flower) and the ServerApp."""
     app_dir.mkdir(parents=True, exist_ok=True)
@@ -94,138 +86,6 @@ def write_app(app_dir: Path) -> Path:
     shutil.copyfile(client.__file__, app_dir / "fedauc_client.py")
     (app_dir / "fedauc_server.py").write_text(SERVER_MODULE)
     return app_dir
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the SuperNode gets SIGTERM if ``fed-auc node`` dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _kill_group(pid: int) -> None:
-    """SIGTERM a child's process group (a SuperNode and the SuperExec it spawned)."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_or_unstick(
-    supernode: subprocess.Popen,
-    log_path: Path,
-    start: int,
-    stopping: threading.Event,
-    watch: SupernodeWatch | None = None,
-    echo=print,
-) -> None:
-    """Wait for the SuperNode to exit, telling ``echo`` what its log says (``watch``). One
-    that a new SuperLink refused (401: e.g. after the coordinator restarted) exits by itself,
-    but Flower's exit handler can hang in it; such a SuperNode is killed after
-    ``STUCK_AFTER_S`` so that a fresh one reconnects."""
-    refused_at = None
-    while supernode.poll() is None and not stopping.is_set():
-        text = _read_from(log_path, start)
-        for line in watch.feed(text) if watch is not None else ():
-            echo(line)
-        if refused_at is None and REFUSED in text:
-            refused_at = time.monotonic()
-        if refused_at is not None and time.monotonic() - refused_at > STUCK_AFTER_S:
-            try:
-                os.killpg(supernode.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        stopping.wait(1.0)
-    if stopping.is_set():
-        return
-    supernode.wait()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every living process below ``pid`` (Linux ``/proc``; elsewhere none)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            parents[int(entry.name)] = int(ppid)
-    found, todo = [], [pid]
-    while todo:
-        children = [child for child, parent in parents.items() if parent == todo[-1]]
-        todo.pop()
-        found += children
-        todo += children
-    return found
-
-
-def stop_tree(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop ``process`` and everything it started, whatever session they moved to.
-
-    The SuperLink starts its SuperExec in a session of its own and the SuperExec the
-    ServerApp: stopping the SuperLink alone can leave them running the federation headless.
-    They are found (before their parent goes) and get SIGTERM, then SIGKILL after ``grace_s``.
-    """
-    below = descendants(process.pid)
-    process.terminate()
-    deadline = time.monotonic() + grace_s
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        left = [pid for pid in below if _alive(pid)]
-        for pid in left:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)
-            left = [pid for pid in left if _alive(pid)]
-        if not left:
-            return
-        deadline = time.monotonic() + grace_s
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie does not: it only waits for its parent)."""
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as log:
-            log.seek(offset)
-            return log.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def wait_for_port(address: str, timeout: float, process: subprocess.Popen | None = None) -> None:
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process {process.args[0]} exited with {process.returncode}")
-        try:
-            with socket.create_connection((host, int(port)), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on {address} after {timeout:g} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- coordinator --------------------------------------------------------------------------
@@ -310,7 +170,7 @@ def _serve(
     home.mkdir(parents=True, exist_ok=True)
     env = flower_env(home)
     certs = None if settings.insecure else Path(settings.certs_dir).resolve()
-    _write_connection(home, _reachable(settings.address), certs)
+    _write_connection(home, reachable(settings.address), certs)
     host, port = settings.address.rsplit(":", 1)
     command = [
         "flower-superlink",
@@ -335,11 +195,11 @@ def _serve(
     start = superlink_log.stat().st_size if superlink_log.exists() else 0
     with open(superlink_log, "ab") as log:  # it dies with us, even by SIGKILL
         superlink = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
     superlink_done = threading.Event()
     try:
-        wait_for_port(_reachable(settings.address), 60, superlink)
+        wait_for_port(reachable(settings.address), 60, superlink)
         if certs is not None:
             registered = register_keys(home, certs / "keys")
             for key in registered:
@@ -347,7 +207,7 @@ def _serve(
             # a node refused for its key is said here too, once per key
             refusals = _key_refusals(registered, certs / "keys")
             threading.Thread(
-                target=_follow,
+                target=follow_log,
                 args=(superlink_log, echo, superlink_done, refusals, start),
                 daemon=True,
             ).start()
@@ -360,10 +220,10 @@ def _serve(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         done = threading.Event()
-        follower = threading.Thread(target=_follow, args=(progress_file, echo, done))
+        follower = threading.Thread(target=follow_log, args=(progress_file, echo, done))
         follower.start()
         try:
             for line in stream.stdout:  # Flower's own messages (and a ServerApp's traceback)
@@ -380,27 +240,11 @@ def _serve(
         stop_tree(superlink)
 
 
-def _follow(path: Path, echo, done: threading.Event, select=None, start: int = 0) -> None:
-    """Echo the lines appended to ``path`` from ``start`` as they come, until ``done`` (then
-    the rest); ``select(line)``: what to echo for a line (None: nothing), else the line."""
-    with open(path, errors="replace") as lines:
-        lines.seek(start)
-        while True:
-            finished = done.is_set()
-            for line in lines:
-                shown = line.rstrip() if select is None else select(line)
-                if shown is not None:
-                    echo(shown)
-            if finished:
-                return
-            done.wait(PROGRESS_POLL_S)
-
-
 UNKNOWN_KEY = "No SuperNode found with the given public key"  # the SuperLink refused a node
 
 
 def _key_refusals(registered: list[str], keys_dir: Path):
-    """For ``_follow`` over the SuperLink's log: one line per key it refused."""
+    """For ``follow_log`` over the SuperLink's log: one line per key it refused."""
     seen: set[str] = set()
 
     def select(line: str) -> str | None:
@@ -417,12 +261,6 @@ def _key_refusals(registered: list[str], keys_dir: Path):
         )
 
     return select
-
-
-def _reachable(address: str) -> str:
-    """Where to check that the SuperLink listens: a wildcard host is reached on loopback."""
-    host, port = address.rsplit(":", 1)
-    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::") else address
 
 
 def _write_connection(home: Path, address: str, certs: Path | None) -> None:
@@ -499,12 +337,12 @@ def run_node(
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                     start_new_session=True,
                 )
-            _wait_or_unstick(supernode, log_path, start, stopping, watch, echo)
+            wait_or_unstick(supernode, log_path, start, stopping, watch, echo)
             if not stopping.is_set():
-                watch.feed(_read_from(log_path, start))
+                watch.feed(read_from(log_path, start))
                 line = watch.exited(supernode.returncode, log_path)
                 if line:
                     echo(line)
@@ -521,8 +359,16 @@ def run_node(
     finally:
         stopping.set()
         if supernode is not None:
-            _kill_group(supernode.pid)
+            kill_group(supernode.pid)
             supernode.wait(timeout=30)
         unlock_state_dir(lock)
     echo(f"{site.name}: node stopped")
     return 0
+
+
+class CoordinatorFailed(RuntimeError):
+    """A Flower run that failed: one line for the console (what failed, how to go on)."""
+
+
+class CoordinatorStopped(KeyboardInterrupt):
+    """``fed-auc coordinator`` stopped by Ctrl-C or SIGTERM, everything it started with it."""

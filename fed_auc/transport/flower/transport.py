@@ -16,10 +16,9 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fed_auc.coordinator.errors import FederationError
-from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, Reply
+from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, Reply, refused_status
 from fed_auc.experiment.files import FlowerSettings
 from fed_auc.node.setup import NodeSetup
-from fed_auc.privacy.accounting import BudgetSpent
 from fed_auc.trainable import Tensors
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.client import frame_content, message_frame
@@ -180,9 +179,8 @@ class FlowerTransport:
             site = site_of.get(reply.metadata.src_node_id)
             if site is None:
                 continue
-            if reply.has_error():  # a DP-SGD site whose budget is spent says so by name
-                spent = f"{BudgetSpent.__name__}: " in reply.error.reason
-                status = "budget_spent" if spent else "error"
+            if reply.has_error():  # a refusal (e.g. a spent budget) says its status
+                status = refused_status(reply.error.reason) or "error"
                 answers[site] = NodeFailure(site, status, reply.error.reason)
             else:
                 answers[site] = message_frame(reply.content)
