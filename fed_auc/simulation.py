@@ -23,16 +23,15 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
 from fed_auc.losses import build_loss
-from fed_auc.models import build_model, model_from_config
+from fed_auc.models import model_from_config
 from fed_auc.node.build import build_node
 from fed_auc.node.node import Node
 from fed_auc.node.setup import NodeSetup, check_batch_size
 from fed_auc.run.holdout import check_hold_out, evaluate_export
-from fed_auc.run.lifecycle import fail_run, git_revision, start_coordinator, train_and_close
-from fed_auc.run.warmup import warm_start
+from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
 from fed_auc.store.records import RoundRecord
-from fed_auc.store.run_store import RunStore
+from fed_auc.store.run_store import RunStore, git_revision
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 
@@ -116,56 +115,39 @@ def build_federation(
         check_batch_size(site.data, config.batch_size)
     sites = [s for s in everyone if s.data.name not in held_out]  # the ones that train
     data = [site.data for site in sites]
-    num_labels = common_label_count({s.name: s.label_names for s in data})
-    model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
-    server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
+    run_sites = RunSites(
+        cards={s.name: site_summary(s) for s in data},
+        num_labels=common_label_count({s.name: s.label_names for s in data}),
+        expected=len(sites),
+        fixed_steps={s.data.name: s.local_steps for s in sites if s.local_steps is not None},
+        # what the run really runs on (as a Flower run on the same site files records it)
+        record=data_record([data_card(s) for s in data], config.site_files is not None),
+    )
     store = RunStore(config.runs_dir)
-    # what the run really runs on (as a Flower run on the same site files records it)
-    record = data_record([data_card(s) for s in data], config.site_files is not None)
     resuming = run_id is not None
     if run_id is None:
-        run_id = store.create_run(config.algorithm, {**config.to_dict(), **record}, git_revision())
+        recorded = {**config.to_dict(), **run_sites.record}
+        run_id = store.create_run(config.algorithm, recorded, git_revision())
     run_dir = Path(config.runs_dir) / run_id
     if on_run is not None:
         on_run(run_id)
     try:  # from here on, a failure or a stop (Ctrl-C, SIGTERM) marks the run failed
-        setup = config.node_setup(run_id, model.config(), num_labels, len(sites))
-        personalization = setup.personalization()
-        personal = personalization.personal_names(server.names()) if personalization else ()
         if manifest is not None:
             save_json(manifest, run_dir / PARTITION_FILE)
-        started = resuming and not store.rounds(run_id).empty
-        if config.warmup_rounds and not started:
 
-            def warm_transport(warm_id: str, hyperparameters: dict) -> LocalTransport:
-                warm = setup.for_run(warm_id, "fedavg", "ce", hyperparameters)
-                return LocalTransport(_nodes(warm, sites, run_dir / "warmup"))
+        def nodes_for(setup: NodeSetup, folder: str) -> LocalTransport:
+            return LocalTransport(_nodes(setup, sites, run_dir / folder))
 
-            server.load(
-                warm_start(
-                    config, model, store, run_id, run_dir, warm_transport, True, personal, record
-                )  # fmt: skip
-            )
-        fixed = {s.data.name: s.local_steps for s in sites if s.local_steps is not None}
-        coordinator = start_coordinator(
-            config, LocalTransport(_nodes(setup, sites, run_dir)), store, run_id, run_dir,
-            server, personal, fixed,
-        )  # fmt: skip
-        if resuming:
-            last = coordinator.resume()
-            store.reopen_run(run_id, f"run resumed after round {last}")
-        else:
-            store.record_sites(run_id, {s.name: site_summary(s) for s in data})
-            store.add_event(run_id, f"run started: {config.algorithm} on {len(sites)} sites")
-            if held_out:
-                store.add_event(run_id, f"held out of training: {held_out}")
+        coordinator, setup = open_run(config, store, run_id, run_sites, nodes_for, resuming)
         every_site = None
         if config.hold_out is not None:
             every_site = LocalTransport(_nodes(setup, everyone, run_dir / "evaluation_nodes"))
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
-    return Federation(config, data, coordinator, store, run_id, run_dir, model.config(), every_site)
+    return Federation(
+        config, data, coordinator, store, run_id, run_dir, setup.model_config, every_site
+    )
 
 
 def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[Node]:

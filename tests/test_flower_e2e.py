@@ -288,4 +288,4 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     assert got[NUMERIC].to_numpy() == pytest.approx(want[NUMERIC].to_numpy(), abs=1e-5, nan_ok=True)
     with RunStore(runs) as store:
         assert store.run(run_id)["status"] == "completed"
-        assert any("resumed over Flower after round" in m for m in store.events(run_id)["message"])
+        assert any("run resumed after round" in m for m in store.events(run_id)["message"])

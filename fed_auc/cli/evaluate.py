@@ -111,8 +111,7 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
     """An evaluation-only run over Flower; returns its summary."""
     from fed_auc.cli.federation import require_flower
     from fed_auc.experiment.files import load_experiment
-    from fed_auc.run.lifecycle import git_revision
-    from fed_auc.store.run_store import RunStore
+    from fed_auc.store.run_store import RunStore, git_revision
 
     require_flower("evaluate --federation")
     from fed_auc.transport.flower.launch import run_coordinator

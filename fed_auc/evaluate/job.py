@@ -210,7 +210,8 @@ def record_local(
     an evaluation run with the rows the job records for the same model and sites: the sites'
     reports combined as the job combines them. Returns the run id."""
     from fed_auc.data.cards import data_record, site_summary
-    from fed_auc.run.lifecycle import fail_run, git_revision
+    from fed_auc.run.lifecycle import fail_run
+    from fed_auc.store.run_store import git_revision
 
     model = str(Path(model).resolve())
     (split,) = request.splits

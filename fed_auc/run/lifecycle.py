@@ -1,28 +1,34 @@
 """A federated run from its first round to its exported model, whatever the transport.
 
 ``fed-auc simulate`` (in-process nodes) and the Flower coordinator (``fed_auc.transport.flower``)
-both use these: the optional fedavg + cross-entropy warm-up, the training rounds with the
-selected model tracked, and closing the run (export, model card, summary, status).
+both open a run with ``open_run`` once they know its sites (the network, the nodes' setup,
+the optional fedavg + cross-entropy warm-up, the coordinator, the store's first rows or the
+last checkpoint), train it with ``train_and_close`` (the selected model tracked) and close it
+(export, model card, summary, status). They differ only in how they reach the nodes.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Callable, Collection
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
-from fed_auc.coordinator.robust import Aggregation
 from fed_auc.coordinator.selection import BestModel, track_best_model
 from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.losses import build_loss
 from fed_auc.metrics.report import youden_threshold
+from fed_auc.models import build_model
+from fed_auc.node.setup import NodeSetup
 from fed_auc.registry.card import model_card, privacy_card
 from fed_auc.registry.export import export_model
+from fed_auc.run.start import start_coordinator
+from fed_auc.run.warmup import warm_start
 from fed_auc.store.records import RoundRecord, as_float
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Tensors, Trainable
@@ -31,62 +37,70 @@ EXPORTED = "exported"  # the store's name for the model a run exported
 DEFAULT_THRESHOLD = 0.5  # where no threshold could be chosen (no pooled validation scores)
 
 
-def git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def secure_aggregation(config: ExperimentConfig):
-    """The run's ``SecureAggregation`` settings, or None when it is off."""
-    if not config.secure_aggregation:
-        return None
-    from fed_auc.coordinator.secure_phase import SecureAggregation
-
-    return SecureAggregation(
-        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
-    )
-
-
-def start_coordinator(
+def open_run(
     config: ExperimentConfig,
-    transport: Any,
     store: RunStore,
     run_id: str,
-    run_dir: Path,
-    server: Trainable,
-    personal: Collection[str],
-    fixed_steps: dict[str, int],
+    sites: RunSites,
+    nodes_for: Callable[[NodeSetup, str], Any],
+    resuming: bool,
     pooled_scoring: bool = True,
-) -> Coordinator:
-    """The coordinator of the main run, the same for both transports; ``fixed_steps``: the
-    τ_i that sites set in their own files."""
-    return Coordinator(
-        build_backend(config.algorithm, **config.backend_hyperparameters()),
-        transport,
-        store,
-        run_id,
-        run_dir,
-        server,
-        participation=config.participation,
-        seed=config.seed,
-        pooled_scoring=pooled_scoring,
-        local_work=config.local_work(list(transport.register()), fixed_steps),
-        personal=personal,
-        max_update_norm=config.max_update_norm,
-        aggregation=Aggregation.parse(config.aggregation),
-        secure=secure_aggregation(config),
-        eval_every=config.eval_every,
-        dp_relation=config.dp_relation(),
-    )
+) -> tuple[Coordinator, NodeSetup]:
+    """Open the run ``run_id`` on its known ``sites``, the one way for both transports: the
+    network (seeded), the nodes' setup, the warm-up (unless the run already has rounds), the
+    coordinator, and the store's first rows, or (``resuming``) the last checkpoint.
+    ``nodes_for(setup, folder)``: the transport to the sites' nodes running ``setup``, their
+    state under ``folder`` of the run ("" for the main run, "warmup")."""
+    run_dir = Path(config.runs_dir) / run_id
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, num_labels=sites.num_labels, norm=config.model_norm())
+    loss = build_loss(config.loss, sites.num_labels, [0.5] * sites.num_labels)
+    server = Trainable(model, loss)
+    setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
+    personalization = setup.personalization()
+    personal = personalization.personal_names(server.names()) if personalization else ()
+    started = resuming and not store.rounds(run_id).empty
+    if config.warmup_rounds and not started:
+
+        def warm_transport(warm_id: str, hyperparameters: dict) -> Any:
+            return nodes_for(setup.for_run(warm_id, "fedavg", "ce", hyperparameters), "warmup")
+
+        server.load(
+            warm_start(
+                config, model, store, run_id, run_dir, warm_transport, pooled_scoring,
+                personal, sites.record,
+            )  # fmt: skip
+        )
+    coordinator = start_coordinator(
+        config, nodes_for(setup, ""), store, run_id, run_dir, server, personal,
+        sites.fixed_steps, pooled_scoring,
+    )  # fmt: skip
+    if resuming:
+        last = coordinator.resume()
+        store.reopen_run(run_id, f"run resumed after round {last}")
+    if not started:
+        store.record_sites(run_id, sites.cards)
+        store.add_event(
+            run_id, f"run started: {config.algorithm} on {len(sites.cards)} sites "
+            f"{sorted(sites.cards)}"
+        )  # fmt: skip
+        if config.hold_out:
+            store.add_event(run_id, f"held out of training: {config.hold_out}")
+    return coordinator, setup
+
+
+@dataclass(frozen=True)
+class RunSites:
+    """What a run knows of its training sites once they are loaded or registered: each
+    one's data card summary, their common number of labels, how many the nodes' setup counts
+    (personalization's default head learning rate), the τ_i their own files set, and what
+    the run records about the data it ran on (``data.cards.data_record``)."""
+
+    cards: dict[str, dict[str, Any]]
+    num_labels: int
+    expected: int
+    fixed_steps: dict[str, int]
+    record: dict[str, Any]
 
 
 def train_and_close(

@@ -15,8 +15,8 @@ from fed_auc.coordinator.loop import Coordinator
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
-from fed_auc.run.lifecycle import git_revision, secure_aggregation
-from fed_auc.store.run_store import RunStore
+from fed_auc.run.start import secure_aggregation
+from fed_auc.store.run_store import RunStore, git_revision
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
 
 

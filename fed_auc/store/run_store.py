@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -200,3 +201,18 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def git_revision() -> str | None:
+    """The code's git revision, recorded with each run (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

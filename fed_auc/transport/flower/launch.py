@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.experiment.files import FlowerSettings
-from fed_auc.run.lifecycle import git_revision
 from fed_auc.site import SiteDefinition
-from fed_auc.store.run_store import STORE_FILE, RunStore
+from fed_auc.store.run_store import STORE_FILE, RunStore, git_revision
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
 from fed_auc.transport.flower.node_watch import (

@@ -22,14 +22,11 @@ from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import FlowerSettings
-from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.run.holdout import TrainingSites, evaluate_export
-from fed_auc.run.lifecycle import fail_run, start_coordinator, train_and_close
-from fed_auc.run.warmup import warm_start
+from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
-from fed_auc.trainable import Trainable
 from fed_auc.transport.flower import backoff
 from fed_auc.transport.flower.transport import FlowerTransport
 
@@ -70,50 +67,32 @@ def run_experiment(
         sites = list(registrations)
         log(f"run {run_id}: sites {sites}")
         config = config.with_data_kind(all(r["synthetic"] for r in registrations.values()))
-        num_labels = common_label_count(
-            {site: r["label_names"] for site, r in registrations.items()}
+        run_sites = RunSites(
+            cards={s: transport.summaries[s] for s in sites},
+            num_labels=common_label_count(
+                {site: r["label_names"] for site, r in registrations.items()}
+            ),
+            expected=settings.expected_sites,
+            # a site file's own τ_i: the requests ask for it, so its replies' steps are
+            # checked against what it runs (fed_auc.coordinator.screening)
+            fixed_steps={
+                site: int(r["local_steps"])
+                for site, r in registrations.items()
+                if r.get("local_steps") is not None
+            },
+            # what the run really ran on: the registered sites' data (not the experiment's
+            # unused data/sites defaults), as run_simulation records it for the same files
+            record=data_record([transport.summaries[s] for s in sites], site_files=True),
         )
-        torch.manual_seed(config.seed)
-        model = build_model(config.model, num_labels=num_labels, norm=config.model_norm())
-        server = Trainable(model, build_loss(config.loss, num_labels, [0.5] * num_labels))
-        setup = config.node_setup(run_id, model.config(), num_labels, settings.expected_sites)
-        transport.use(setup)
-        # what the run really ran on: the registered sites' data (not the experiment's unused
-        # data/sites defaults), as run_simulation records it for the same site files
-        record = data_record([transport.summaries[s] for s in sites], site_files=True)
-        store.update_config(run_id, {**config.to_dict(), **record, "flower": asdict(settings)})
-        started = resume and not store.rounds(run_id).empty
-        personalization = setup.personalization()
-        personal = personalization.personal_names(server.names()) if personalization else ()
-        if config.warmup_rounds and not started:
-
-            def warm_transport(warm_id: str, hyperparameters: dict) -> FlowerTransport:
-                return transport.use(setup.for_run(warm_id, "fedavg", "ce", hyperparameters))
-
-            tensors = warm_start(
-                config, model, store, run_id, run_dir, warm_transport,
-                settings.pooled_scoring, personal, record,
-            )  # fmt: skip
-            server.load(tensors)
-            transport.use(setup)
-            # a site file's own τ_i: the requests ask for it, so its replies' steps are checked
-        # against what it runs (fed_auc.coordinator.screening)
-        fixed_steps = {
-            site: int(r["local_steps"])
-            for site, r in registrations.items()
-            if r.get("local_steps") is not None
-        }
-        coordinator = start_coordinator(
-            config, transport, store, run_id, run_dir, server, personal, fixed_steps,
-            settings.pooled_scoring,
+        store.update_config(
+            run_id, {**config.to_dict(), **run_sites.record, "flower": asdict(settings)}
+        )
+        coordinator, setup = open_run(
+            config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),
+            resume, settings.pooled_scoring,
         )  # fmt: skip
-        if started:
-            last = coordinator.resume()
-            store.reopen_run(run_id, f"run resumed over Flower after round {last}")
-            log(f"run {run_id}: resumed after round {last}")
-        else:
-            store.record_sites(run_id, {s: transport.summaries[s] for s in sites})
-            store.add_event(run_id, f"run started over Flower: {config.algorithm} on {sites}")
+        if coordinator.committed_round is not None:
+            log(f"run {run_id}: resumed after round {coordinator.committed_round}")
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
@@ -122,7 +101,7 @@ def run_experiment(
         config,
         coordinator,
         run_dir,
-        model.config(),
+        setup.model_config,
         cards,
         on_round=lambda r: log(_progress(r)),
         thresholds=settings.pooled_scoring,

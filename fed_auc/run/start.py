@@ -1,0 +1,60 @@
+"""The coordinator of a run, built from the experiment config the same way for the main run and its
+warm-up, in-process and over Flower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from fed_auc.algorithms import build_backend
+from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.robust import Aggregation
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.store.run_store import RunStore
+from fed_auc.trainable import Trainable
+
+
+def secure_aggregation(config: ExperimentConfig):
+    """The run's ``SecureAggregation`` settings, or None when it is off."""
+    if not config.secure_aggregation:
+        return None
+    from fed_auc.coordinator.secure_phase import SecureAggregation
+
+    return SecureAggregation(
+        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
+    )
+
+
+def start_coordinator(
+    config: ExperimentConfig,
+    transport: Any,
+    store: RunStore,
+    run_id: str,
+    run_dir: Path,
+    server: Trainable,
+    personal: Collection[str],
+    fixed_steps: dict[str, int],
+    pooled_scoring: bool = True,
+) -> Coordinator:
+    """The coordinator of the main run, the same for both transports; ``fixed_steps``: the
+    τ_i that sites set in their own files."""
+    return Coordinator(
+        build_backend(config.algorithm, **config.backend_hyperparameters()),
+        transport,
+        store,
+        run_id,
+        run_dir,
+        server,
+        participation=config.participation,
+        seed=config.seed,
+        pooled_scoring=pooled_scoring,
+        local_work=config.local_work(list(transport.register()), fixed_steps),
+        personal=personal,
+        max_update_norm=config.max_update_norm,
+        aggregation=Aggregation.parse(config.aggregation),
+        secure=secure_aggregation(config),
+        eval_every=config.eval_every,
+        dp_relation=config.dp_relation(),
+    )
