@@ -137,3 +137,15 @@ def test_the_readme_layout_lists_the_tree_as_it_is():
         inside |= {p.name for p in (PACKAGE / package).iterdir() if (p / "__init__.py").exists()}
         missing = sorted(m for m in inside if not re.search(rf"\b{m}\b", text))
         assert missing == [], (package, missing)
+
+
+def test_below_the_run_code_gets_plain_settings_never_the_experiment_config():
+    """The run turns the experiment config into plain settings once (a node setup, the
+    coordinator's arguments, card settings); only the layers above it read the config."""
+    above = ("experiment", "run", "cli", "transport", "simulation")
+    readers = sorted(
+        module
+        for module, path in MODULES.items()
+        if "ExperimentConfig" in path.read_text() and not _in(module, above)
+    )
+    assert readers == []

@@ -22,6 +22,7 @@ from fed_auc.node.node import Node
 from fed_auc.privacy.accounting import LEDGER_FILE, BudgetSpent
 from fed_auc.privacy.update_dp import Privacy, UpdateDP
 from fed_auc.registry.card import privacy_card
+from fed_auc.run.lifecycle import card_settings
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.local import LocalTransport
@@ -236,4 +237,5 @@ def test_clipping_without_noise_keeps_no_ledger_and_claims_no_epsilon(tmp_path) 
     reply = node.train(request(0, node.trainable.tensors()))
     assert "dp_epsilon" not in reply.metrics and not (tmp_path / "node" / LEDGER_FILE).exists()
     config = ExperimentConfig(runs_dir=str(tmp_path), dp_clip=1.0)
-    assert privacy_card(config, pd.DataFrame(columns=["dp_epsilon"]), 1)["epsilon"] is None
+    settings = card_settings(config).privacy
+    assert privacy_card(settings, pd.DataFrame(columns=["dp_epsilon"]), 1)["epsilon"] is None

@@ -5,13 +5,13 @@ and with which privacy; JSON and Markdown.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from fed_auc.data.labels import federation_positive_class, positive_class_text
 from fed_auc.data.partition import PARTITION_FILE
-from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.store.records import as_float, as_int
 
 
@@ -143,17 +143,50 @@ SITE_UNIT = (
 )
 
 
+@dataclass(frozen=True)
+class PrivacySettings:
+    """A run's DP as the card describes it: mode (``example`` / ``update``), clip C, σ (None:
+    calibrated), target ε, δ, whether an accountant ran, the neighbouring relation."""
+
+    mode: str
+    clip: float
+    noise_multiplier: float | None
+    target_epsilon: float | None
+    delta: float
+    accounted: bool
+    relation: str | None
+
+
+@dataclass(frozen=True)
+class CardSettings:
+    """What the model card says about how a run trained: plain values the run takes from its
+    experiment config once (``run.lifecycle.card_settings``)."""
+
+    algorithm: str
+    loss: str
+    seed: int
+    rounds: int
+    warmup_rounds: int
+    select: str | None
+    image_size: int
+    tta: str
+    site_files: bool  # sites from site files (or registered over Flower): each its own data
+    sites: int
+    data: str
+    privacy: PrivacySettings | None
+
+
 def privacy_card(
-    config: ExperimentConfig, site_rounds: pd.DataFrame, selected_round: int
+    settings: PrivacySettings | None, site_rounds: pd.DataFrame, selected_round: int
 ) -> dict[str, Any] | None:
     """What the card says about DP: the mode, what ε protects, and every site's ε (from its
     own accountant, as the store has it) at the exported round and over the whole run, which
     is what the coordinator saw. Update-level clipping without noise has no ε."""
-    if config.dp is None and config.dp_clip is None:
+    if settings is None:
         return None
-    update = config.update_dp()
-    if update is not None and not update.accounted:
-        return {"mode": "update", "clip": config.dp_clip, "noise_multiplier": 0.0,
+    update = settings.mode == "update"
+    if not settings.accounted:
+        return {"mode": "update", "clip": settings.clip, "noise_multiplier": 0.0,
                 "epsilon": None}  # fmt: skip
     spent = site_rounds.dropna(subset=["dp_epsilon"])
     by_site = {}
@@ -164,14 +197,14 @@ def privacy_card(
             "epsilon_exported": float(upto["dp_epsilon"].max()) if len(upto) else 0.0,
         }
     return {
-        "mode": "update" if update is not None else "example",
-        "clip": config.dp_clip,
-        "noise_multiplier": config.dp_noise or None,
-        "target_epsilon": config.target_epsilon,
-        "delta": config.dp_delta,
-        "accountant": SITE_ACCOUNTANT if update is not None else EXAMPLE_ACCOUNTANT,
-        "relation": config.dp_relation(),
-        "protects": SITE_UNIT if update is not None else EXAMPLE_UNIT,
+        "mode": settings.mode,
+        "clip": settings.clip,
+        "noise_multiplier": settings.noise_multiplier,
+        "target_epsilon": settings.target_epsilon,
+        "delta": settings.delta,
+        "accountant": SITE_ACCOUNTANT if update else EXAMPLE_ACCOUNTANT,
+        "relation": settings.relation,
+        "protects": SITE_UNIT if update else EXAMPLE_UNIT,
         "sites": by_site,
     }
 
@@ -180,7 +213,7 @@ def model_card(
     summary: dict[str, Any],
     selected: pd.Series,
     site_frame: pd.DataFrame,
-    config: ExperimentConfig,
+    config: CardSettings,
     hyperparameters: dict[str, Any],
     model_config: dict[str, Any],
     cards: list[dict[str, Any]],
@@ -201,7 +234,7 @@ def model_card(
     ]
     synthetic = all(card.get("source") == "synthetic" for card in cards)
     names = ", ".join(card["site"] for card in cards)
-    if config.site_files is not None or config.transport != "local":
+    if config.site_files:
         description = (
             f"{len(cards)} sites ({names}), each with its own data and splits as its site file "
             f"defines them, images at {config.image_size} px (seed {config.seed})."
@@ -229,7 +262,7 @@ def model_card(
         "selected_round": int(selected["round"]),
         "model_config": model_config,
         "image_size": config.image_size,
-        "tta": config.test_time_augmentation(),
+        "tta": config.tta,
         "label_names": cards[0]["label_names"],
         # the class every AUC, sensitivity and threshold of this card is about
         "positive_class": federation_positive_class(cards),
@@ -248,7 +281,7 @@ def model_card(
             "Trained on synthetic images: says nothing about performance on real X-rays."
             if synthetic
             else "Sites defined by site files hold what their hospitals gave them."
-            if config.site_files is not None or config.transport != "local"
+            if config.site_files
             else "Sites are simulated by a partitioner; real hospitals differ in more ways.",
             "AUC confidence intervals are Hanley–McNeil approximations on small test splits.",
             "The exported round was chosen by validation AUC; its test AUC is still unbiased "

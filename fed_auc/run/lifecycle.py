@@ -25,7 +25,7 @@ from fed_auc.losses import build_loss
 from fed_auc.metrics.report import youden_threshold
 from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
-from fed_auc.registry.card import model_card, privacy_card
+from fed_auc.registry.card import CardSettings, PrivacySettings, model_card, privacy_card
 from fed_auc.registry.export import export_model
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
@@ -87,6 +87,36 @@ def open_run(
         if config.hold_out:
             store.add_event(run_id, f"held out of training: {config.hold_out}")
     return coordinator, setup
+
+
+def card_settings(config: ExperimentConfig) -> CardSettings:
+    """What the model card says about how the run trained, taken from its config once."""
+    privacy = None
+    if config.dp is not None or config.dp_clip is not None:
+        update = config.update_dp()
+        privacy = PrivacySettings(
+            mode="update" if update is not None else "example",
+            clip=config.dp_clip,
+            noise_multiplier=config.dp_noise or None,
+            target_epsilon=config.target_epsilon,
+            delta=config.dp_delta,
+            accounted=update is None or update.accounted,
+            relation=config.dp_relation(),
+        )
+    return CardSettings(
+        algorithm=config.algorithm,
+        loss=config.loss,
+        seed=config.seed,
+        rounds=config.rounds,
+        warmup_rounds=config.warmup_rounds,
+        select=config.select,
+        image_size=config.image_size,
+        tta=config.test_time_augmentation(),
+        site_files=config.site_files is not None or config.transport != "local",
+        sites=config.sites,
+        data=str(config.data),
+        privacy=privacy,
+    )
 
 
 @dataclass(frozen=True)
@@ -164,12 +194,13 @@ def close_run(
         for key in ("auc", "auc_lo", "auc_hi", "n_test"):
             values = {site: m[key] for site, m in best.metrics["sites"].items()}
             site_frame[key] = site_frame["site"].map(values)
+    settings = card_settings(config)
     card = model_card(
-        summary, selected, site_frame, config, backend.hyperparameters(), model_config, cards
+        summary, selected, site_frame, settings, backend.hyperparameters(), model_config, cards
     )
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
-    card["privacy"] = privacy_card(config, store.site_rounds(run_id), best.round)
+    card["privacy"] = privacy_card(settings.privacy, store.site_rounds(run_id), best.round)
     summary["exported_auc"] = card["global_auc"]
     summary["threshold"] = thresholds
     if exported is not None:
