@@ -330,10 +330,6 @@ class Backend(ABC):
         norms = [block.norm(reply.tensors) for block in self.reply_blocks(reply, request)]
         return max(norms, default=None)
 
-    def phase_participation(self, phase: str) -> float | None:
-        """Fraction of sites to sample for ``phase``; None = the run's participation."""
-        return None
-
     def global_tensors(self, state: ServerState) -> Tensors:
         """The global model (w, a, b, α, buffers) held in a server state."""
         return state["model"]

@@ -191,8 +191,7 @@ class Coordinator:
         signal_jobs = []  # per phase: the sites' update signals, computed in the background
         kept: dict[str, list[int]] = {}  # this round's accepted replies, [round, phase]
         for index, phase in enumerate(self.backend.phases):
-            fraction = self.backend.phase_participation(phase) or self.participation
-            selected = sample_sites(self.sites, fraction, self.seed, round_, phase)
+            selected = sample_sites(self.sites, self.participation, self.seed, round_, phase)
             broadcast = self.backend.plan(self.state, round_, phase)
             broadcast.config["pos_ratio"] = self.pos_ratio
             if "local_steps" in broadcast.config:  # every site's τ_i, sampled or not

@@ -208,24 +208,23 @@ def check_secure_aggregation(config: ExperimentConfig, backend) -> None:
     refuse_options(config.aggregation, config.max_update_norm, backend)
     if config.transport != "local":
         return  # the sites are known once they register (the coordinator checks)
-    phases = [backend.phase_participation(p) or config.participation for p in backend.phases]
-    for sampled in sorted({max(1, math.ceil(f * config.sites)) for f in phases}):
-        if sampled < 2:
-            raise ValueError(
-                f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
-                f"{config.sites} sites are sampled (participation {config.participation})"
-            )
-        try:
-            k = settings.neighbours_for([""] * sampled)
-        except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
-            raise ValueError(str(exc)) from None
-        threshold = settings.threshold_for([""] * sampled)
-        if threshold > k + 1:
-            raise ValueError(
-                f"secure_aggregation_threshold {threshold} is larger than a site's "
-                f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
-                f"({config.sites} sites, participation {config.participation})"
-            )
+    sampled = max(1, math.ceil(config.participation * config.sites))
+    if sampled < 2:
+        raise ValueError(
+            f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
+            f"{config.sites} sites are sampled (participation {config.participation})"
+        )
+    try:
+        k = settings.neighbours_for([""] * sampled)
+    except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
+        raise ValueError(str(exc)) from None
+    threshold = settings.threshold_for([""] * sampled)
+    if threshold > k + 1:
+        raise ValueError(
+            f"secure_aggregation_threshold {threshold} is larger than a site's "
+            f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
+            f"({config.sites} sites, participation {config.participation})"
+        )
 
 
 def check_dp(config: ExperimentConfig) -> None:
