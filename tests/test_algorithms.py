@@ -8,12 +8,12 @@ import itertools
 import pytest
 import torch
 
+from benchmarks.common.toy import saddle_point, toy_sites, zero_noise
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.exchange import Reply
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.trainable import Trainable
-from tests.toy import saddle_point, toy_sites, zero_noise
 
 NO_EXTRAS = {"weight_decay": 0.0, "grad_clip": None}
 

@@ -1,16 +1,15 @@
-"""benchmarks/breastmnist.py at toy size: the table it reports matches the runs it made."""
+"""benchmarks/anchors/breastmnist.py at toy size: the table it reports matches the runs it made."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.anchors import breastmnist as bench
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate.local import evaluate_model
@@ -18,19 +17,8 @@ from fed_auc.registry.load import load_registered_model
 from fed_auc.store.run_store import RunStore
 from tests.data_files import write_npz
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "breastmnist.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_breastmnist", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_rows_are_parsed_and_bad_ones_named(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_script()
     assert bench.Row.parse("centralized:flip") == bench.Row("centralized", "flip")
     with pytest.raises(ValueError, match="row must be .* got 'federated'"):
         bench.Row.parse("federated")
@@ -45,7 +33,6 @@ def test_rows_are_parsed_and_bad_ones_named(capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.slow
 def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
-    bench = load_script()
     npz = write_npz(tmp_path / "toy.npz", n=(160, 40, 60))
     runs, out, md = tmp_path / "runs", tmp_path / "out.json", tmp_path / "frag.md"
     argv = ["--npz", str(npz), "--image-size", "16", "--rounds", "2", "--warmup-rounds", "1"]
@@ -77,7 +64,7 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     sd = statistics.stdev(r["test_auc"] for r in results)
     text = md.read_text()
     assert f"**{mean:.3f} ± {sd:.3f}**" in text
-    assert re.search(r"Command: `python benchmarks/breastmnist.py --npz ", text)
+    assert re.search(r"Command: `python -m benchmarks.anchors.breastmnist --npz ", text)
     assert "0.909 ± 0.012" in text and "Seeds: 0, 1" in text
     assert "| best_val:5, flip |" in text and "| 1+2; 1+2 |" in text
     val = statistics.mean(r["val_auc"] for r in results)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import communication  # noqa: E402
+from benchmarks.claims import communication
 
 
 def test_i_max_is_the_largest_window_within_the_tolerance_of_i_1():

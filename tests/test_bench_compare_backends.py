@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import compare_backends  # noqa: E402
+from benchmarks.claims import compare_backends
 
 TOY = {"sites": 2, "rounds": 2, "local_steps_range": "1:3", "image_size": 16, "data_scale": 0.2}
 

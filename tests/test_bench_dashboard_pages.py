@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import dashboard_pages  # noqa: E402
 
 from app import queries  # noqa: E402
 from app.model_view import choices, coverage, site_status  # noqa: E402
+from benchmarks.systems import dashboard_pages
 
 
 def test_the_filled_run_has_a_dropped_site_and_an_export(tmp_path):

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import dp_epsilon  # noqa: E402
+from benchmarks.claims import dp_epsilon
 
 TOY = {"sites": 2, "local_steps": 2, "image_size": 16, "data_scale": 0.2}
 

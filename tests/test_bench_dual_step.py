@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.dual_step import SETTINGS, command, paired_ci, table
+from benchmarks.rare_positives.dual_step import SETTINGS, command, paired_ci, table
 
 
 def test_paired_ci_of_constant_differences_has_zero_width_and_brackets_the_mean():

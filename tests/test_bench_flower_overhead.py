@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "flower_overhead.py"
 TOY = {"algorithm": "codasca", "sites": 3, "rounds": 2, "local_steps": 2, "model": "tiny",
        "image_size": 16, "data_scale": 0.15, "seed": 3}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("flower_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks.systems import flower_overhead
+
+    return flower_overhead
 
 
 def test_slowest_site_compute_is_its_training_plus_the_next_evaluation(bench):

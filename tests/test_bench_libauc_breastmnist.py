@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.anchors import libauc_breastmnist as bench
 from tests.data_files import write_npz
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import libauc_breastmnist as bench  # noqa: E402
 
 HAS_LIBAUC = (bench.LIBAUC_DIR / "libauc").is_dir()
 

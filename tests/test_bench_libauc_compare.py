@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.anchors import libauc_compare as bench
 from fed_auc.losses import AUCMarginLoss
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "libauc_compare.py"
-sys.path.insert(0, str(SCRIPT.parent))
-
-
-import libauc_compare as bench  # noqa: E402
 
 TOY = bench.Settings(
     model="tiny", image_size=28, batch_size=16, chunks=3, chunk_steps=2,
@@ -42,7 +35,7 @@ def test_real_timings_are_consistent_and_training_moves_the_models() -> None:
     assert rows[0]["cost_min"] == rows[0]["cost_max"] == 1.0
     # the contenders train differently, so their test AUCs are not all the same number
     assert len({round(r["test_auc"], 6) for r in rows}) > 1
-    text = bench.markdown(rows, TOY, "python benchmarks/libauc_compare.py", (1.0, 2.0))
+    text = bench.markdown(rows, TOY, "python -m benchmarks.anchors.libauc_compare", (1.0, 2.0))
     assert "| fed-auc codasca |" in text and "Load average (1 min) 1.00 before" in text
 
 

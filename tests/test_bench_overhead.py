@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import overhead  # noqa: E402
-
+from benchmarks.systems import overhead
 from fed_auc.experiment.config import ExperimentConfig
 
 TOY = {"local_steps": 2, "batch_size": 8, "data_scale": 0.2}

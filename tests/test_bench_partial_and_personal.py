@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import partial_and_personal as pp  # noqa: E402
+from benchmarks.claims import partial_and_personal as pp
 
 TOY = {"rounds": 1, "local_steps": 2, "image_size": 16, "data_scale": 0.2, "seed": 0}
 

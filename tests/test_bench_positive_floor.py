@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fragment  # noqa: E402
-import positive_floor  # noqa: E402
+from benchmarks.common import fragment
+from benchmarks.rare_positives import positive_floor
 
 TOY = {"sites": 2, "local_steps": 2, "image_size": 16, "data_scale": 0.2}
 
@@ -30,8 +26,9 @@ def test_toy_floors_table_shows_each_runs_aucs():
 
 
 def test_command_line_drops_only_the_fragment_path(tmp_path):
-    argv = ["/x/benchmarks/overhead.py", "--quick", "--markdown", "r/o.md", "--seed", "1"]
-    assert fragment.command_line(argv) == "python benchmarks/overhead.py --quick --seed 1"
-    assert fragment.command_line(["b/p.py", "--markdown=r.md"]) == "python benchmarks/p.py"
+    argv = ["/x/benchmarks/systems/overhead.py", "--quick", "--markdown", "r/o.md", "--seed", "1"]
+    quick = "python -m benchmarks.systems.overhead --quick --seed 1"
+    assert fragment.command_line(argv) == quick
+    assert fragment.command_line(["b/p.py", "--markdown=r.md"]) == "python -m benchmarks.p"
     fragment.emit("| a |\n", tmp_path / "results" / "p.md")
     assert (tmp_path / "results" / "p.md").read_text() == "| a |\n"

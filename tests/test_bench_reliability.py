@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import reliability  # noqa: E402
+from benchmarks import reliability
 
 TOY = {"sites": 3, "rounds": 1, "local_steps": 1, "seed": 11, "data_scale": 0.2}
 

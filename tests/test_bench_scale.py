@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import scale  # noqa: E402
+from benchmarks.systems import scale
 
 
 def test_linear_fit_recovers_a_line():

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import secure_aggregation as bench  # noqa: E402
-
+from benchmarks.systems import secure_aggregation as bench
 from fed_auc.experiment.config import ExperimentConfig
 
 

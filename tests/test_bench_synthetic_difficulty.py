@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import synthetic_difficulty as sd  # noqa: E402
+from benchmarks.systems import synthetic_difficulty as sd
 
 
 @pytest.mark.slow

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
-sys.path.insert(0, str(SCRIPT.parent))
-
-
-import throughput as bench  # noqa: E402
+from benchmarks.systems import throughput as bench
 
 
 def test_node_and_plain_rates_give_the_ratio() -> None:
@@ -35,7 +28,9 @@ def test_a_variant_runs_in_its_own_process_and_tabulates() -> None:
     variants = [variant]
     sizes = [bench.node_vs_plain("tiny", 28, 8, 1, 1)]
     cli = [{"threads": "auto", "wall_s": [1.0, 3.0, 2.5]}]
-    text = bench.markdown(sizes, variants, s, "python benchmarks/throughput.py", [0.5, 1.5], cli)
+    text = bench.markdown(
+        sizes, variants, s, "python -m benchmarks.systems.throughput", [0.5, 1.5], cli
+    )
     assert "| auto | 2.5 (1.0–3.0) |" in text
     assert "| 28 px | 8 |" in text and "| 1 thread, channels-last | " in text
     assert "Load average (1 min) during the run: 0.50–1.50" in text

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
+from benchmarks.common.toy import saddle_point, toy_sites, zero_noise
 from fed_auc.algorithms import build_backend
 from tests.test_algorithms import NO_EXTRAS, _run
-from tests.toy import saddle_point, toy_sites, zero_noise
 
 FAMILY = ["local_sgda", "coda_plus", "codasca"]
 

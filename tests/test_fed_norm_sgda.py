@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from benchmarks.common.toy import ToyTrainable, toy_sites, weighted_saddle_point, zero_noise
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.algorithms.base import model_part
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
@@ -19,7 +20,6 @@ from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.screening import validate_reply
 from fed_auc.exchange import Reply
 from tests.test_algorithms import _batches, _trainable
-from tests.toy import ToyTrainable, toy_sites, weighted_saddle_point, zero_noise
 
 PLAIN = {"weight_decay": 0.0, "grad_clip": None, "lr_decay": 1.0}
 F64 = torch.float64

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.common.toy import ToyTrainable, saddle_point, toy_sites, zero_noise
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import model_part
 from fed_auc.algorithms.fedsgda import full_gradient
@@ -16,7 +17,6 @@ from fed_auc.coordinator.screening import validate_reply
 from fed_auc.losses import build_loss
 from fed_auc.trainable import Trainable
 from tests.test_algorithms import NO_EXTRAS, _batches, _run, _trainable
-from tests.toy import ToyTrainable, saddle_point, toy_sites, zero_noise
 
 F64 = torch.float64
 

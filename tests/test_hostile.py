@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from benchmarks.common.toy import toy_sites, zero_noise
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.base import Backend
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
@@ -20,7 +21,6 @@ from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import BUFFER
-from tests.toy import toy_sites, zero_noise
 
 SMALL = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 8, "data_scale": 0.15}
 BAD = DEFAULT_PROFILES[1].name

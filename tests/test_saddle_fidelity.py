@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.saddle_fidelity import SETTINGS, WEAK, cell, run_toy, within
+from benchmarks.claims.saddle_fidelity import SETTINGS, WEAK, cell, run_toy, within
 
 CELLS = [  # (backend, participation, transform, weak, rounds: fewer where that is enough)
     ("codasca", "half", "plain", WEAK, 300),

@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from benchmarks.saddle_fidelity import (
+from benchmarks.claims.saddle_fidelity import (
     ALPHA,
     HEAD,
     NO_EXTRAS,
@@ -27,8 +27,8 @@ from benchmarks.saddle_fidelity import (
     GroupedToy,
     run_toy,
 )
+from benchmarks.common.toy import saddle_point, toy_sites, weighted_saddle_point, zero_noise
 from fed_auc.algorithms import build_backend
-from tests.toy import saddle_point, toy_sites, weighted_saddle_point, zero_noise
 
 CODASCA = {"lr": 0.05, "local_steps": 10, "decay_every": 10**6}  # one stage: no c reset
 # CODA+ has no control variates: I = 1 (no client drift) and a decaying step for the noise of

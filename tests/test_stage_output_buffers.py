@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common.toy import ToyTrainable, toy_sites, zero_noise
 from fed_auc.algorithms import build_backend
-from tests.toy import ToyTrainable, toy_sites, zero_noise
 
 NO_EXTRAS = {"weight_decay": 0.0, "grad_clip": None, "gamma": 0.0}
 WEIGHTS = ("w/x", "auc/alpha")

@@ -6,8 +6,9 @@ the exported model's card: validation AUC (what the default is chosen on) and te
 Prints, per federation, mean ± sd per setting and the paired difference to the paper
 setting (seed by seed) with its 95 % t-interval.
 
-    python benchmarks/dual_step.py --federation synthetic --seeds 0 1 2 3 4 --jobs 2
-    python benchmarks/dual_step.py --federation breastmnist --rounds 30 --seeds 0 1 2 3 4
+    python -m benchmarks.rare_positives.dual_step --federation synthetic --seeds 0 1 2 3 4 --jobs 2
+    python -m benchmarks.rare_positives.dual_step --federation breastmnist \\
+        --rounds 30 --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from benchmarks.common.paths import BREASTMNIST
+from benchmarks.common.simulate import simulate
+from benchmarks.common.stats import paired_ci
 
 # settings: name -> dual_lr as a multiple of the run's lr (None = the paper's single η)
 SETTINGS = {"paper (dual_lr = η)": None, "dual_lr = 5η": 5.0}
@@ -30,7 +34,7 @@ FEDERATIONS = {
         "rounds": 60,
         "args": [
             "--data",
-            "medmnist:/work/shared/data/breastmnist.npz",
+            f"medmnist:{BREASTMNIST}",
             "--partition",
             "dirichlet:0.5",
             "--sites",
@@ -42,7 +46,6 @@ FEDERATIONS = {
         ],
     },
 }
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def command(federation: str, rounds: int, seed: int, multiple: float | None, runs: Path):
@@ -55,23 +58,8 @@ def command(federation: str, rounds: int, seed: int, multiple: float | None, run
 
 
 def run_one(federation: str, rounds: int, seed: int, multiple: float | None, runs: Path) -> dict:
-    out = subprocess.run(
-        command(federation, rounds, seed, multiple, runs),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    summary = json.loads(out.stdout)
-    card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
+    summary, card = simulate(command(federation, rounds, seed, multiple, runs))
     return {"val_auc": card["global_val_auc"], "test_auc": summary["exported_auc"]}
-
-
-def paired_ci(diffs: list[float]) -> tuple[float, float, float]:
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, math.nan, math.nan
-    half = T975.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
 
 
 def table(federation: str, results: dict[str, dict[int, dict]]) -> str:

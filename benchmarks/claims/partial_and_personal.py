@@ -12,10 +12,11 @@
 Without parts, all three. ``--quick``: the memory table of the tiny DenseNet and DenseNet121
 at 32 px only, and 4 rounds at data_scale 0.3 for the partial and personal tables.
 
-    python benchmarks/partial_and_personal.py --quick
-    python benchmarks/partial_and_personal.py memory
-    python benchmarks/partial_and_personal.py partial personal --rounds 20
-    python benchmarks/partial_and_personal.py --markdown benchmarks/results/partial_and_personal.md
+    python -m benchmarks.claims.partial_and_personal --quick
+    python -m benchmarks.claims.partial_and_personal memory
+    python -m benchmarks.claims.partial_and_personal partial personal --rounds 20
+    python -m benchmarks.claims.partial_and_personal \\
+        --markdown benchmarks/results/partial_and_personal.md
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fragment import emit, provenance
-
 import fed_auc.coordinator.loop as coordinator_module
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.algorithms.partial import memory_table
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import run_simulation

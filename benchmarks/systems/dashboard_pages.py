@@ -10,8 +10,8 @@ that has already rendered every page once over an empty runs directory (as a run
 has imported its modules); ``warm``: the second visit. The baseline is the dashboard before issue 20
 (``git show BASE:app``), on the same store in the same way, side by side.
 
-    python benchmarks/dashboard_pages.py --quick
-    python benchmarks/dashboard_pages.py --markdown benchmarks/results/dashboard_pages.md
+    python -m benchmarks.systems.dashboard_pages --quick
+    python -m benchmarks.systems.dashboard_pages --markdown benchmarks/results/dashboard_pages.md
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from io import BytesIO
 from pathlib import Path
 
 import numpy as np
-from fragment import emit, provenance
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common.fragment import emit, provenance
+from benchmarks.common.paths import ROOT
+
 PAGES = ("overview", "sites", "heterogeneity", "participation", "compare", "roc",
          "operating_point")  # fmt: skip
 TARGET_S = 2.0
@@ -41,7 +42,6 @@ THRESHOLD = 0.4137
 def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
     """A completed run of ``sites`` sites and ``rounds`` rounds, as a federation writes it:
     the last site drops out after a quarter of the rounds; round 0.9 × rounds is exported."""
-    sys.path.insert(0, str(ROOT))
     from fed_auc.metrics.operating_point import default_edges, score_bins
     from fed_auc.metrics.roc import roc_points
     from fed_auc.store.records import RoundRecord, SiteRound
@@ -133,8 +133,7 @@ def fill(runs_dir: Path, sites: int, rounds: int, seed: int = 0) -> str:
 
 
 RENDER = """
-import json, os, sys, time
-sys.path.insert(0, {root!r})
+import json, os, time
 from streamlit.testing.v1 import AppTest
 os.environ["FED_AUC_RUNS_DIR"] = {runs!r} + "-empty"  # a server already up: modules imported
 for page in {pages!r}:
@@ -166,8 +165,9 @@ def render_times(root: Path, runs: Path, run_id: str) -> dict[str, float]:
     code = RENDER.format(root=str(root), runs=str(runs), run_id=run_id, pages=PAGES,
                          script=str(root / "app" / "streamlit_app.py"))  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # run in ``root``: ``app`` and ``fed_auc`` import from that tree (``-c`` puts the cwd first)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=False, timeout=1800)  # fmt: skip
+                         cwd=root, check=False, timeout=1800)  # fmt: skip
     if out.returncode:
         raise RuntimeError(f"rendering {root} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -10,8 +10,8 @@ its 95 % t-interval. Timing: the evaluation job over in-process nodes (``run_job
 ``fed_auc.evaluate.local.evaluate_model`` (per-image scores pooled) on the same model and test
 splits, both with 1000 bootstrap resamples, alternated, median of repeats; one torch thread.
 
-    python benchmarks/external_validation.py --federation synthetic --seeds 0 1 2
-    python benchmarks/external_validation.py --federation breastmnist --seeds 0 1 2
+    python -m benchmarks.claims.external_validation --federation synthetic --seeds 0 1 2
+    python -m benchmarks.claims.external_validation --federation breastmnist --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.paths import BREASTMNIST
+from benchmarks.common.stats import paired_ci
 from fed_auc.evaluate.job import model_request, run_job
 from fed_auc.evaluate.local import evaluate_model
 from fed_auc.experiment.config import ExperimentConfig
@@ -36,7 +38,6 @@ from fed_auc.run.holdout import leave_each_out
 from fed_auc.simulation import load_in_process_sites, run_simulation
 from fed_auc.transport.local import LocalTransport
 
-BREASTMNIST = "/work/shared/data/breastmnist.npz"
 FEDERATIONS = {
     "synthetic": {"sites": 4, "rounds": 20},
     "breastmnist": {
@@ -48,7 +49,6 @@ FEDERATIONS = {
         "lr": 0.2,
     },
 }
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
 def external_validation(federation: str, seed: int, runs: Path) -> list[dict]:
@@ -91,11 +91,10 @@ def mean_sd(values: list[float]) -> str:
 
 
 def paired(diffs: list[float]) -> str:
-    mean = statistics.mean(diffs)
+    mean, lo, hi = paired_ci(diffs)
     if len(diffs) < 2:
         return f"{mean:+.3f}"
-    half = T975[len(diffs) - 1] * statistics.stdev(diffs) / len(diffs) ** 0.5
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def main() -> None:

@@ -2,14 +2,15 @@
 
 Table 1 (in this process): for DenseNet121 at 32, 64, 128 and 224 px, a real ``Node.train``
 (codasca backend: load the broadcast, local steps, control variates, pending state written to
-disk) and ``PlainLoop`` from benchmarks/overhead.py train the same steps, interleaved round by
-round. Table 2 (one subprocess per measurement, interleaved): the plain loop under different
-thread settings, OpenMP wait policy, channels-last memory format and ``torch.compile`` — the
-OpenMP settings must be in the environment before torch loads, hence the subprocesses.
+disk) and ``PlainLoop`` from ``benchmarks.systems.overhead`` train the same steps, interleaved
+round by round. Table 2 (one subprocess per measurement, interleaved): the plain loop under
+different thread settings, OpenMP wait policy, channels-last memory format and
+``torch.compile`` — the OpenMP settings must be in the environment before torch loads, hence
+the subprocesses.
 Table 3: a small ``fed-auc simulate`` with ``--threads auto`` vs fixed counts.
 
-    python benchmarks/throughput.py --quick --markdown benchmarks/results/throughput.md
-    python benchmarks/throughput.py                 # batch 32 at every size, torch.compile too
+    python -m benchmarks.systems.throughput --quick --markdown benchmarks/results/throughput.md
+    python -m benchmarks.systems.throughput         # batch 32 at every size, torch.compile too
 """
 
 from __future__ import annotations
@@ -26,16 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from fragment import command_line, emit
-from machine import describe
 
+from benchmarks.common.fragment import command_line, emit
+from benchmarks.common.machine import describe
+from benchmarks.common.paths import ROOT
+from benchmarks.systems.overhead import PlainLoop
 from fed_auc.algorithms import build_backend
 from fed_auc.data.synthetic import SiteProfile, make_site
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.node.node import Node
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import PlainLoop  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ def run_variant(variant: Variant, model: str, size: int, batch: int, steps: int)
     job = {"model": model, "size": size, "batch": batch, "steps": steps, "threads": variant.threads,
            "channels_last": variant.channels_last, "compile": variant.compile}  # fmt: skip
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(job)],
-        env=env, capture_output=True, text=True, check=True,
+        [sys.executable, "-m", __spec__.name, "--worker", json.dumps(job)],
+        env=env, cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -1,6 +1,6 @@
 """The Markdown fragment a benchmark writes with ``--markdown PATH``.
 
-``benchmarks/run_all.py`` splices each fragment into BENCHMARKS.md, so every table carries the
+``benchmarks.run_all`` splices each fragment into BENCHMARKS.md, so every table carries the
 exact command that produced it, the machine and the seeds in a line above it; the prose that
 interprets the numbers stays hand-written around the fragment.
 """
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from machine import describe
+from benchmarks.common.machine import describe
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -26,7 +26,17 @@ def command_line(argv: Sequence[str] | None = None) -> str:
             skip = True
         elif not arg.startswith("--markdown="):
             kept.append(arg)
-    return shlex.join(["python", f"benchmarks/{Path(argv[0]).name}", *kept])
+    return shlex.join(["python", "-m", module_name(argv[0]), *kept])
+
+
+def module_name(script: str) -> str:
+    """``benchmarks.systems.overhead`` for ``.../benchmarks/systems/overhead.py``: benchmarks
+    run as modules from the repository root."""
+    parts = Path(script).with_suffix("").parts
+    if "benchmarks" in parts:
+        last = len(parts) - 1 - parts[::-1].index("benchmarks")
+        return ".".join(parts[last:])
+    return f"benchmarks.{Path(script).stem}"
 
 
 def provenance(seeds: str, elapsed_s: float, settings: str = "") -> str:

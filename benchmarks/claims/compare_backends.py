@@ -4,8 +4,8 @@ Same seed, same data, same per-site τ_i draws (seeded by site and round, so eve
 sites do the same local steps per round), same rounds: pooled and worst-site test AUC after
 the budget, megabytes communicated (down + up, all phases), and AUC gained per MB.
 
-    python benchmarks/compare_backends.py --quick
-    python benchmarks/compare_backends.py --markdown benchmarks/results/compare_backends.md
+    python -m benchmarks.claims.compare_backends --quick
+    python -m benchmarks.claims.compare_backends --markdown benchmarks/results/compare_backends.md
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fragment import emit, provenance
-
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.algorithms import ALGORITHMS
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import run_simulation

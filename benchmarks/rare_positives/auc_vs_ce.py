@@ -12,9 +12,9 @@ Federations: BreastMNIST with malignant (the file's label 0) as the positive, 4 
 training positives per site cut to 1–2 %, 5 % or 10 % (``imratio``), or left as the file has
 them (27 %, ``balanced``); and the synthetic federation with its findings cut to 2–10 %.
 
-    python benchmarks/auc_vs_ce.py --seeds 0 1 2 3 4 --jobs 2 --libauc \\
+    python -m benchmarks.rare_positives.auc_vs_ce --seeds 0 1 2 3 4 --jobs 2 --libauc \\
         --markdown benchmarks/results/auc_vs_ce.md
-    python benchmarks/auc_vs_ce.py --quick    # synthetic, tiny, 2 seeds, 2 rounds
+    python -m benchmarks.rare_positives.auc_vs_ce --quick    # synthetic, tiny, 2 seeds, 2 rounds
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +31,11 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-NPZ = ROOT.parent / "shared" / "data" / "breastmnist.npz"
+from benchmarks.common.fragment import emit, provenance
+from benchmarks.common.paths import BREASTMNIST as NPZ
+from benchmarks.common.simulate import simulate
+from benchmarks.common.stats import paired_ci
+
 BASELINE = "FedAvg-CE"
 LIBAUC = "LibAUC PESG, centralized"
 # Contender -> the options that make it; all share the federation's recipe below.
@@ -82,7 +84,6 @@ FEDERATIONS: dict[str, dict[str, Any]] = {
     "synthetic_rare": {"title": "synthetic federation, findings at 2–10 % per site",
                        "data": lambda npz: ["--partition", "imratio:0.02,0.05,0.05,0.1"]},
 }  # fmt: skip
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def recipe(federation: str, quick: bool = False) -> list[str]:
@@ -118,25 +119,13 @@ def command(
 def run_one(cmd: list[str]) -> dict[str, float]:
     """Run one simulation; its validation and test AUC, wall time and load average."""
     start, load = time.perf_counter(), os.getloadavg()[0]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-    summary = json.loads(out.stdout)
-    card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
+    summary, card = simulate(cmd)
     return {
         "val_auc": card["global_val_auc"],
         "test_auc": summary["exported_auc"],
         "seconds": time.perf_counter() - start,
         "load": load,
     }
-
-
-def paired_ci(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean paired difference and its 95 % t-interval (NaN bounds with one pair)."""
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, math.nan, math.nan
-    half = T975.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
 
 
 def mean_sd(values: list[float]) -> str:
@@ -228,8 +217,6 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if args.json is not None:
         args.json.write_text(json.dumps(everything, indent=1))
-    from fragment import emit, provenance
-
     settings = (
         f"Recipe: image files `{' '.join(FILE_RECIPE)}`, synthetic `{' '.join(SYNTHETIC_RECIPE)}`"
         if not args.quick
@@ -256,7 +243,7 @@ def merged(paths: list[Path]) -> dict[str, dict[str, dict[int, dict]]]:
 
 def central_runs(npz: Path, federation: str, seeds: list[int], jobs: int) -> dict[int, dict]:
     """LibAUC centralized on the federation's pooled images, one process per seed (≤ 2)."""
-    from libauc_central import run_central
+    from benchmarks.anchors.libauc_central import run_central
 
     partition = federation_partition(federation)
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, 2))) as pool:

@@ -13,15 +13,14 @@ Time per round is training only (no evaluation rounds are timed: ``eval_every`` 
 the median over the timed rounds after a warm-up round. Data of every site is in memory (the
 simulator holds all hospitals' images), so it is reported next to the peak.
 
-    python benchmarks/scale.py --quick
-    python benchmarks/scale.py --markdown benchmarks/results/scale.md
+    python -m benchmarks.systems.scale --quick
+    python -m benchmarks.systems.scale --markdown benchmarks/results/scale.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -31,7 +30,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from fragment import emit, provenance
+
+from benchmarks.common.fragment import emit, provenance
+from benchmarks.common.paths import ROOT
 
 MODELS = {"tiny": 28, "densenet121": 32}
 
@@ -95,11 +96,11 @@ def measure_in_fresh_process(**setting) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as runs_dir:
         args = json.dumps({**setting, "runs_dir": runs_dir})
         out = subprocess.run(
-            [sys.executable, __file__, "--child", args],
+            [sys.executable, "-m", __spec__.name, "--child", args],
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+            cwd=ROOT,  # the repository root: where `benchmarks` and `fed_auc` import from
         )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

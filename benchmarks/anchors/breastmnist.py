@@ -10,9 +10,10 @@ BENCHMARKS.md: small @ 28 px, lr 0.2, batch 32, 10 warm-up + 60 CODASCA rounds, 
 uses one torch thread (OMP_NUM_THREADS=1): on a shared 2-core machine two threads made the
 same round 20× slower by spinning.
 
-    python benchmarks/breastmnist.py --quick                      # tiny @ 28 px, minutes
-    python benchmarks/breastmnist.py --jobs 2 --markdown benchmarks/results/breastmnist.md
-    python benchmarks/breastmnist.py --model densenet121 --image-size 32 --rows federated:flip
+    python -m benchmarks.anchors.breastmnist --quick                      # tiny @ 28 px, minutes
+    python -m benchmarks.anchors.breastmnist --jobs 2 --markdown benchmarks/results/breastmnist.md
+    python -m benchmarks.anchors.breastmnist --model densenet121 --image-size 32 \\
+        --rows federated:flip
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from benchmarks.common.simulate import simulate
 
 REFERENCES = [  # quoted, not run by this script
     ("MedMNIST v2 benchmark (quoted)", "ResNet-18 @ 28 px", "0.901"),
@@ -82,13 +84,7 @@ def simulate_command(args: argparse.Namespace, row: Row, seed: int) -> list[str]
 def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
     """One simulated run: the exported model (a round, or a mean of rounds), its pooled test
     AUC, and the selection and test-time augmentation its card records."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = simulate_command(args, row, seed)
-    out = subprocess.run(command, capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed:\n{out.stderr[-2000:]}")
-    summary = json.loads(out.stdout)
-    card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
+    summary, card = simulate(simulate_command(args, row, seed))
     return {
         "seed": seed,
         "val_auc": card["global_val_auc"],
@@ -126,7 +122,7 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
     lines = [
         "### BreastMNIST: federated vs centralized, with training-time augmentation",
         "",
-        f"Command: `python benchmarks/breastmnist.py {shlex.join(argv)}`  ",
+        f"Command: `python -m benchmarks.anchors.breastmnist {shlex.join(argv)}`  ",
         f"Machine: {machine_line()}  ",
         f"Seeds: {', '.join(map(str, args.seeds))} (partition, initialization, sampling, "
         f"augmentation); {args.warmup_rounds} warm-up rounds (fedavg + CE), then "

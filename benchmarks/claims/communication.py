@@ -10,8 +10,8 @@ I_max(CODASCA) / I_max(CODA+) = 4 on ImageNet-IH with K = 8 and 16 (Figure 1).
 
 Runs are independent, so they go two at a time (one torch thread each) on the 2 cores.
 
-    python benchmarks/communication.py --quick
-    python benchmarks/communication.py --markdown benchmarks/results/communication.md
+    python -m benchmarks.claims.communication --quick
+    python -m benchmarks.claims.communication --markdown benchmarks/results/communication.md
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from fragment import emit, provenance
+from benchmarks.common.fragment import emit, provenance
+from benchmarks.common.paths import ROOT
 
 ALGORITHMS = ("codasca", "coda_plus")
 WINDOWS = (1, 4, 16, 64, 256)
 TOLERANCE = 0.01
-ROOT = Path(__file__).resolve().parents[1]
 PLOT = ROOT / "docs" / "auc_vs_I.png"
 
 

@@ -21,10 +21,10 @@ import time
 
 import torch
 
+from benchmarks.common.toy import ToyTrainable, toy_sites, zero_noise
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
 from fed_auc.coordinator.robust import Aggregation
 from fed_auc.privacy.update_dp import Privacy
-from tests.toy import ToyTrainable, toy_sites, zero_noise
 
 STEM = "w/net.features.conv0.weight"  # x_0: the input side (layer group "stem")
 HEAD = "w/net.class_layers.out.weight"  # x_1: the output side ("classifier")

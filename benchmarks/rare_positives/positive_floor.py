@@ -8,8 +8,9 @@ holds (the variance), not the objective. Same demo config (``fed-auc demo``: 4 s
 hospitals, CODASCA, tiny DenseNet at 28 px, 8 local steps, lr ÷ 3 after 320 steps) for every
 floor; only ``min_pos_fraction`` changes.
 
-    python benchmarks/positive_floor.py --quick
-    python benchmarks/positive_floor.py --markdown benchmarks/results/positive_floor.md
+    python -m benchmarks.rare_positives.positive_floor --quick
+    python -m benchmarks.rare_positives.positive_floor \\
+        --markdown benchmarks/results/positive_floor.md
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fragment import emit, provenance
+from benchmarks.common.fragment import emit, provenance
 
 FLOORS = (0.20, 0.10, 0.05, 0.0)
 DEFAULT_FLOOR = 0.05

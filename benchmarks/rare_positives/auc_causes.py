@@ -7,8 +7,9 @@ t-interval, and test AUC for information only. Variants the issue lists: the dua
 classifier after the CE warm-up, the warm-up length, the positive floor against the p of the
 loss, the lr of the AUC phase and its decay, and the server step (CODASCA's η_g).
 
-    python benchmarks/auc_causes.py --federation breast_5 --seeds 0 1 2 --jobs 2
-    python benchmarks/auc_causes.py --recipe current --variants "warm-up 0 rounds" ...
+    python -m benchmarks.rare_positives.auc_causes --federation breast_5 --seeds 0 1 2 --jobs 2
+    python -m benchmarks.rare_positives.auc_causes --recipe current \\
+        --variants "warm-up 0 rounds" ...
 
 ``--recipe screened`` (the default) changes the recipe as it was first screened; ``--recipe
 current`` changes today's: the CODASCA arm of ``auc_vs_ce.py`` with the image-file defaults.
@@ -25,7 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from auc_vs_ce import ARMS, FEDERATIONS, NPZ, command, mean_sd, paired_ci, run_one
+from benchmarks.common.stats import paired_ci
+from benchmarks.rare_positives.auc_vs_ce import ARMS, FEDERATIONS, NPZ, command, mean_sd, run_one
 
 BASE = "recipe"
 # The recipe every variant changes one thing of: the file recipe as it was screened (lr 0.2,

@@ -14,8 +14,9 @@ Test splits are --test-scale times the default size (train/val are unchanged; ea
 its own seed) so the AUCs are tight. About 30 s per seed on 2 idle CPU cores. On a loaded
 machine run it with OMP_NUM_THREADS=1: two torch threads that wait for each other are far slower.
 
-    python benchmarks/synthetic_difficulty.py --quick
-    python benchmarks/synthetic_difficulty.py --markdown benchmarks/results/synthetic_difficulty.md
+    python -m benchmarks.systems.synthetic_difficulty --quick
+    python -m benchmarks.systems.synthetic_difficulty \\
+        --markdown benchmarks/results/synthetic_difficulty.md
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from fragment import emit, provenance
 from monai.networks.nets import DenseNet
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
 from fed_auc.data.synthetic import (

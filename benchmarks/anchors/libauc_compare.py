@@ -9,16 +9,18 @@ fed-auc trains the way a node does: its backend's ``plan`` → ``client_update``
 ``aggregate`` with one site and ``local_steps = chunk_steps``.
 
 LibAUC is never a dependency of fed-auc: it is installed (``--no-deps``) into
-``benchmarks/.libauc`` on first use and put on ``sys.path`` only inside this script.
+``benchmarks/.libauc`` on first use and imported from there by path (``sys.path`` untouched).
 
-    python benchmarks/libauc_compare.py --quick --markdown benchmarks/results/libauc_compare.md
-    python benchmarks/libauc_compare.py            # DenseNet121 @ 32 px, batch 128, 2 threads
+    python -m benchmarks.anchors.libauc_compare --quick \\
+        --markdown benchmarks/results/libauc_compare.md
+    python -m benchmarks.anchors.libauc_compare   # DenseNet121 @ 32 px, batch 128, 2 threads
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -30,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fragment import command_line, emit
-from machine import describe
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from benchmarks.common.fragment import command_line, emit
+from benchmarks.common.machine import describe
+from benchmarks.common.paths import ROOT
 from fed_auc.algorithms import build_backend
 from fed_auc.algorithms.sgda import StepRule, sgda_step
 from fed_auc.data.base import Split
@@ -44,7 +47,7 @@ from fed_auc.losses import AUCMarginLoss
 from fed_auc.models import build_model
 from fed_auc.trainable import Trainable
 
-LIBAUC_DIR = Path(__file__).resolve().parent / ".libauc"
+LIBAUC_DIR = ROOT / "benchmarks" / ".libauc"
 LIBAUC_VERSION = "2.0.1"
 BASELINE = "SGD + BCE"
 
@@ -79,8 +82,14 @@ def import_libauc() -> tuple[type, type]:
     if not (LIBAUC_DIR / "libauc").is_dir():
         command = [sys.executable, "-m", "pip", "install", "--no-deps", "--target"]
         subprocess.run([*command, str(LIBAUC_DIR), f"libauc=={LIBAUC_VERSION}"], check=True)
-    if str(LIBAUC_DIR) not in sys.path:
-        sys.path.insert(0, str(LIBAUC_DIR))
+    if "libauc" not in sys.modules:  # the package from LIBAUC_DIR, its submodules beside it
+        package = LIBAUC_DIR / "libauc"
+        spec = importlib.util.spec_from_file_location(
+            "libauc", package / "__init__.py", submodule_search_locations=[str(package)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["libauc"] = module
+        spec.loader.exec_module(module)
     from libauc.losses import AUCMLoss
     from libauc.optimizers import PESG
 

@@ -13,9 +13,9 @@ train outside the accountant). Reported: pooled and worst-site test AUC of the e
 model (chosen on validation AUC), mean ± sd over seeds, and the paired difference to
 GroupNorm without DP per seed; the largest ε any site spent, from the store.
 
-    python benchmarks/dp_epsilon.py --quick
-    python benchmarks/dp_epsilon.py --markdown benchmarks/results/dp_epsilon.md
-    python benchmarks/dp_epsilon.py --federation breastmnist \
+    python -m benchmarks.claims.dp_epsilon --quick
+    python -m benchmarks.claims.dp_epsilon --markdown benchmarks/results/dp_epsilon.md
+    python -m benchmarks.claims.dp_epsilon --federation breastmnist \
         --markdown benchmarks/results/dp_epsilon_breastmnist.md
 """
 
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fragment import emit, provenance
+from benchmarks.common.fragment import emit, provenance
+from benchmarks.common.paths import BREASTMNIST
 
 EPSILONS = (math.inf, 8.0, 3.0, 1.0)
-BREASTMNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "breastmnist.npz"
 DELTA = 1e-5
 CLIP = 1.0
 

@@ -14,8 +14,8 @@ tensor payloads the coordinator records (down + up), the same for every transpor
 Flower, the node also logs the tensor bytes that actually crossed the network (fed-auc's
 transport sends tensors a node already holds as content tags).
 
-    python benchmarks/flower_overhead.py --markdown benchmarks/results/flower_overhead.md
-    python benchmarks/flower_overhead.py --quick   # the tiny model: Flower's fixed costs only
+    python -m benchmarks.systems.flower_overhead --markdown benchmarks/results/flower_overhead.md
+    python -m benchmarks.systems.flower_overhead --quick  # tiny model: Flower's fixed costs only
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.paths import ROOT
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.node.node import Node
 from fed_auc.simulation import run_simulation
@@ -41,7 +42,7 @@ from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.codec import PER_TENSOR_ENV
 from fed_auc.transport.flower.launch import free_port
 
-HOSPITALS = Path(__file__).resolve().parents[1] / "hospitals"
+HOSPITALS = ROOT / "hospitals"
 SITES = ["st_elsewhere", "county_general", "mercy_rural"]
 
 
@@ -143,9 +144,11 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
     nodes = []
     for toml in site_files(work, options["data_scale"]):
         site = toml.stem
-        command = [sys.executable, __file__, "node", str(toml), f"127.0.0.1:{port}", str(timings)]
+        command = [sys.executable, "-m", __spec__.name, "node", str(toml.resolve())]
+        command += [f"127.0.0.1:{port}", str(timings.resolve())]
         with open(work / f"{site}.log", "w") as log:
-            nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+            nodes.append(subprocess.Popen(command, env=env, cwd=ROOT, stdout=log,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
     try:
         command = [sys.executable, "-m", "fed_auc.cli", "coordinator"]
         command += ["--config", str(work / "exp.toml"), "--json"]
@@ -305,7 +308,7 @@ def main() -> None:
     print(text)
     print(json.dumps(results), file=sys.stderr)
     if args.markdown:
-        command = " ".join(["python benchmarks/flower_overhead.py", *sys.argv[1:]])
+        command = " ".join(["python -m benchmarks.systems.flower_overhead", *sys.argv[1:]])
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(
             f"`{command}`\n\n{machine(args.threads)}; seed {args.seed}; "

@@ -21,7 +21,7 @@ LibAUC is never a dependency of fed-auc: it is installed (``--no-deps``) into
 its sampler module imports torchvision (unused by ``DualSampler`` when labels are given), so
 the DenseNet file is loaded on its own and torchvision is stubbed for that import only.
 
-    python benchmarks/libauc_breastmnist.py --npz ../shared/data/breastmnist.npz \
+    python -m benchmarks.anchors.libauc_breastmnist --npz ../shared/data/breastmnist.npz \
         --seeds 0 1 2 --jobs 2 --markdown benchmarks/results/libauc_breastmnist.md
 """
 
@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from fragment import emit, provenance
-from libauc_compare import LIBAUC_DIR, import_libauc
 from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.anchors.libauc_compare import LIBAUC_DIR, import_libauc
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.pool import resize
 
@@ -102,7 +102,7 @@ def load_splits(npz: Path, image_size: int) -> Splits:
 
 def libauc_parts() -> types.SimpleNamespace:
     """LibAUC's classes, imported around its optional-dependency imports (see the docstring)."""
-    import_libauc()  # installs into benchmarks/.libauc and puts it on sys.path
+    import_libauc()  # installs into benchmarks/.libauc and imports the package from there
     spec = importlib.util.spec_from_file_location(
         "libauc_densenet", LIBAUC_DIR / "libauc" / "models" / "densenet.py"
     )

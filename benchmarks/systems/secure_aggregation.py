@@ -7,8 +7,9 @@ ratios (range), and the bytes per site and round each way: plain replies are flo
 a secure reply is one uint64 word per value plus per-tensor weights, and the protocol adds
 keys and encrypted shares (JSON) in both directions.
 
-    python benchmarks/secure_aggregation.py --quick
-    python benchmarks/secure_aggregation.py --markdown benchmarks/results/secure_aggregation.md
+    python -m benchmarks.systems.secure_aggregation --quick
+    python -m benchmarks.systems.secure_aggregation \\
+        --markdown benchmarks/results/secure_aggregation.md
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fragment import emit, provenance
 
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.simulation import build_federation
 

@@ -8,7 +8,8 @@ of a finished ``fed-auc simulate`` run (``<run>/warmup/checkpoint.pt``), draws b
 partition, and compares the gradient norms on the network's weights: CE, and the AUC-margin
 loss at its saddle values for the batch (a, b = the class means of h, α = m + b − a).
 
-    python benchmarks/auc_gradient_scale.py RUN_DIR --partition imratio:0.05,0.05,0.05,0.05
+    python -m benchmarks.rare_positives.auc_gradient_scale RUN_DIR \\
+        --partition imratio:0.05,0.05,0.05,0.05
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.paths import BREASTMNIST as NPZ
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.partition import partition_pool
 from fed_auc.io import load_state
 from fed_auc.losses import AUCMarginLoss, CrossEntropyLoss
 from fed_auc.models import build_model
 from fed_auc.trainable import BUFFER, WEIGHT
-
-NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "breastmnist.npz"
 
 
 def warm_network(run: Path, arch: str) -> torch.nn.Module:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from libauc_breastmnist import Recipe, Splits, libauc_parts, run_phase
 
+from benchmarks.anchors.libauc_breastmnist import Recipe, Splits, libauc_parts, run_phase
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.partition import partition_pool
 from fed_auc.models import build_model, group_of

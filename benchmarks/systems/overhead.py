@@ -10,8 +10,8 @@ per-step times is the overhead of the federated machinery (target ≤ 1.10).
 One invocation measures every row of the table (ROWS): the tiny DenseNet with CODASCA and with
 local SGDA, and DenseNet121 with CODASCA. ``--quick`` runs fewer rounds and DenseNet121 at 32 px.
 
-    python benchmarks/overhead.py --quick
-    python benchmarks/overhead.py --markdown benchmarks/results/overhead.md
+    python -m benchmarks.systems.overhead --quick
+    python -m benchmarks.systems.overhead --markdown benchmarks/results/overhead.md
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fragment import emit, provenance
 
+from benchmarks.common.fragment import emit, provenance
 from fed_auc.data.sampling import BatchStream
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
