@@ -1,7 +1,7 @@
 """Fault injection → RELIABILITY.md: crashes, failing nodes, hostile replies, bad inputs, DP cost.
 
-    python benchmarks/reliability.py [--kills 5] [--out RELIABILITY.md]
-    python benchmarks/reliability.py --quick --markdown benchmarks/results/reliability.md
+    python -m benchmarks.reliability [--kills 5] [--out RELIABILITY.md]
+    python -m benchmarks.reliability --quick --markdown benchmarks/results/reliability.md
 
 ``--quick``: one kill, one flaky run, every hostile kind, 3 rounds per run. With ``--quick`` or
 ``--markdown`` it writes RELIABILITY.md only if ``--out`` says so (run_all.py splices the
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from fragment import command_line, emit
-from machine import describe
 from PIL import Image
 
+from benchmarks.common.fragment import command_line, emit
+from benchmarks.common.machine import describe
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.synthetic import DEFAULT_PROFILES

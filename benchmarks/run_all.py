@@ -1,21 +1,20 @@
 """Regenerate every table in BENCHMARKS.md (and RELIABILITY.md) from the benchmark scripts.
 
-Each script is run as ``python benchmarks/<script>.py [ARGS] [--quick] --markdown
-benchmarks/results/<name>.md``; its fragment (tables, the exact command, the machine, the
-seeds) then replaces the text between ``<!-- results:<name> -->`` and
+Each script is run from the repository root as ``python -m benchmarks.<group>.<script>
+[ARGS] [--quick] --markdown benchmarks/results/<name>.md``; its fragment (tables, the exact
+command, the machine, the seeds) then replaces the text between ``<!-- results:<name> -->`` and
 ``<!-- /results:<name> -->`` in the document that holds those markers. The prose around the
 markers is written by people and stays. A script that fails is reported and its old
 fragment kept, so one broken benchmark never erases the others' results.
 
-    python benchmarks/run_all.py --quick          # every table, small settings (< 20 min)
-    python benchmarks/run_all.py                  # the larger settings (hours)
-    python benchmarks/run_all.py --quick --only scale communication
+    python -m benchmarks.run_all --quick          # every table, small settings (< 20 min)
+    python -m benchmarks.run_all                  # the larger settings (hours)
+    python -m benchmarks.run_all --quick --only scale communication
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -23,41 +22,47 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.common.paths import BREASTMNIST, RESULTS, ROOT
+
 DOCUMENTS = (ROOT / "BENCHMARKS.md", ROOT / "RELIABILITY.md")
-BREASTMNIST = ROOT.parent / "shared" / "data" / "breastmnist.npz"
 
 
 @dataclass(frozen=True)
 class Benchmark:
     name: str
-    script: str
+    module: str  # run as ``python -m MODULE`` from the repository root
     args: tuple[str, ...] = ()
     needs: Path | None = None  # a data file outside the repository; skipped when absent
 
 
 BENCHMARKS = (
-    Benchmark("overhead", "overhead.py"),
-    Benchmark("positive_floor", "positive_floor.py"),
-    Benchmark("dp_epsilon", "dp_epsilon.py"),
-    Benchmark("synthetic_difficulty", "synthetic_difficulty.py"),
-    Benchmark("compare_backends", "compare_backends.py"),
-    Benchmark("communication", "communication.py"),
-    Benchmark("scale", "scale.py"),
-    Benchmark("libauc_compare", "libauc_compare.py"),
-    Benchmark("throughput", "throughput.py"),
-    Benchmark("flower_overhead", "flower_overhead.py"),
-    Benchmark("secure_aggregation", "secure_aggregation.py"),
-    Benchmark("partial_and_personal", "partial_and_personal.py", ("memory", "partial", "personal")),
-    Benchmark("breastmnist", "breastmnist.py", needs=BREASTMNIST),
-    Benchmark("libauc_breastmnist", "libauc_breastmnist.py", needs=BREASTMNIST),
-    Benchmark("auc_vs_ce", "auc_vs_ce.py"),
+    Benchmark("overhead", "benchmarks.systems.overhead"),
+    Benchmark("positive_floor", "benchmarks.rare_positives.positive_floor"),
+    Benchmark("dp_epsilon", "benchmarks.claims.dp_epsilon"),
+    Benchmark("synthetic_difficulty", "benchmarks.systems.synthetic_difficulty"),
+    Benchmark("compare_backends", "benchmarks.claims.compare_backends"),
+    Benchmark("communication", "benchmarks.claims.communication"),
+    Benchmark("scale", "benchmarks.systems.scale"),
+    Benchmark("libauc_compare", "benchmarks.anchors.libauc_compare"),
+    Benchmark("throughput", "benchmarks.systems.throughput"),
+    Benchmark("flower_overhead", "benchmarks.systems.flower_overhead"),
+    Benchmark("secure_aggregation", "benchmarks.systems.secure_aggregation"),
     Benchmark(
-        "dp_epsilon_breastmnist", "dp_epsilon.py", ("--federation", "breastmnist"), BREASTMNIST
+        "partial_and_personal",
+        "benchmarks.claims.partial_and_personal",
+        ("memory", "partial", "personal"),
     ),
-    Benchmark("reliability", "reliability.py"),
-    Benchmark("dashboard_pages", "dashboard_pages.py"),
+    Benchmark("breastmnist", "benchmarks.anchors.breastmnist", needs=BREASTMNIST),
+    Benchmark("libauc_breastmnist", "benchmarks.anchors.libauc_breastmnist", needs=BREASTMNIST),
+    Benchmark("auc_vs_ce", "benchmarks.rare_positives.auc_vs_ce"),
+    Benchmark(
+        "dp_epsilon_breastmnist",
+        "benchmarks.claims.dp_epsilon",
+        ("--federation", "breastmnist"),
+        BREASTMNIST,
+    ),
+    Benchmark("reliability", "benchmarks.reliability"),
+    Benchmark("dashboard_pages", "benchmarks.systems.dashboard_pages"),
 )
 
 
@@ -87,12 +92,11 @@ def run(benchmark: Benchmark, quick: bool) -> tuple[str, float]:
     if benchmark.needs is not None and not benchmark.needs.exists():
         return f"skipped: {benchmark.needs} not found", 0.0
     out = RESULTS / f"{benchmark.name}.md"
-    command = [sys.executable, str(ROOT / "benchmarks" / benchmark.script), *benchmark.args]
+    command = [sys.executable, "-m", benchmark.module, *benchmark.args]
     command += ["--quick"] if quick else []
     command += ["--markdown", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]

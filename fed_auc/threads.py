@@ -3,8 +3,8 @@
 On a shared machine, two OpenMP threads on two busy cores are far slower than one: each
 parallel region waits at a barrier for a thread the OS has descheduled (measured here under a
 load average of ~5 on 2 cores: DenseNet121 @ 32 px, batch 128, 18 s per step with 2 threads vs
-1.6 s with 1; see benchmarks/throughput.py). ``--threads auto`` (the CLI's default) therefore
-takes the cores the 1-minute load average says are idle, at least one.
+1.6 s with 1; see benchmarks/systems/throughput.py). ``--threads auto`` (the CLI's default)
+therefore takes the cores the 1-minute load average says are idle, at least one.
 """
 
 from __future__ import annotations

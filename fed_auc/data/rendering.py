@@ -21,7 +21,7 @@ _BACKGROUND, _SOFT_TISSUE, _LUNG, _SPINE = 0.05, 0.62, 0.30, 0.10
 _RIB_AMPLITUDE, _TEXTURE_AMPLITUDE = 0.05, 0.05
 _EXPOSURE_GAIN_STD, _EXPOSURE_OFFSET_STD, _LUNG_LEVEL_STD = 0.08, 0.04, 0.05
 _POSITION_STD = 0.05  # patient placement, as a fraction of the half-width
-# Peak lesion brightness at lesion_strength 1 (tuned in benchmarks/synthetic_difficulty.py).
+# Peak lesion brightness at lesion_strength 1 (tuned in benchmarks/systems/synthetic_difficulty.py).
 _AMPLITUDE = {"opacity": 0.4, "effusion": 0.25, "nodule": 0.6, "consolidation": 0.2}
 
 

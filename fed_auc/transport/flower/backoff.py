@@ -7,7 +7,7 @@ ClientApp task pulls from the SuperNode while the SuperNode is still pulling, an
 ServerApp pulls a reply while the node is still pushing it. Flower 1.41 answers "not yet"
 with a wait of 1 s, then 2, 4, … up to 10 s (``flwr.supercore.constant.PULL_*``), though
 the objects are there a few tenths of a second later: on a DenseNet121 round (3 sites,
-benchmarks/flower_overhead.py) shorter waits took the transport overhead from 9.7 to ~6 s.
+benchmarks/systems/flower_overhead.py) shorter waits took the transport overhead from 9.7 to ~6 s.
 Here the first wait is ``INITIAL_S`` and they grow to ``CAP_S``, with as many tries as keep
 Flower's own patience (``PULL_MAX_TIME``) for a slow link. The ServerApp, the SuperNode and
 the node's task executor each call ``shorten()``.

@@ -25,7 +25,7 @@ Frame = tuple[dict[str, Any], list[bytes]]
 """A message as it travels: a JSON-able header and the raw buffers its ``index`` describes."""
 
 
-# The baseline of benchmarks/flower_overhead.py: every tensor its own array, as a plain
+# The baseline of benchmarks/systems/flower_overhead.py: every tensor its own array, as a plain
 # state_dict-as-ArrayRecord transport sends it. The decoder reads either layout.
 PER_TENSOR_ENV = "FED_AUC_FLOWER_PER_TENSOR"
 

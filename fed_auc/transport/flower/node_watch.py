@@ -8,7 +8,7 @@ node's key, the SuperLink forgot this node, something listens there that the Sup
 talk to (TLS on one side only). ``lock_state_dir`` keeps a second node off a state
 directory that a running node uses (both would write the same local state).
 
-The messages are Flower 1.4x's (checked on loopback, see tests/test_flower_faults.py).
+The messages are Flower 1.4x's (checked on loopback, see tests/e2e/test_flower_faults.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,260 @@
+"""Every dashboard page, run with Streamlit's AppTest against a store the tests fill.
+
+The numbers on a page must be the numbers in the store; empty, one-round, failed and live runs
+render a message, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import queries
+from fed_auc.metrics.roc import operating_point
+from fed_auc.store.run_store import RunStore
+from tests.support.apptest import PAGES, metrics, open_page, texts
+from tests.support.dashboard_store import EXPORTED_ROUND, SITES, THRESHOLD, fill, split_of
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runs")
+    fill(path)
+    return path
+
+
+def test_queries_open_the_store_read_only(store_dir):
+    conn = queries.connect(store_dir)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        conn.execute("DELETE FROM runs")
+    conn.close()
+    assert queries.runs(store_dir)["id"].tolist() == [
+        "run-live",
+        "run-failed",
+        "run-one",
+        "run-complete",
+        "run-other",
+    ]
+    with pytest.raises(FileNotFoundError, match="no run store"):
+        queries.connect(store_dir / "nowhere")
+
+
+def test_overview_headline_is_the_exported_model_and_the_last_round_comes_second(
+    monkeypatch, store_dir
+):
+    at = open_page(monkeypatch, store_dir, "overview", "run-complete")
+    with RunStore(store_dir) as store:
+        rows = store.site_rounds("run-complete")
+        last = store.rounds("run-complete").iloc[-1]
+    shown = metrics(at)
+    assert shown["Algorithm"] == "codasca" and shown["Status"] == "completed"
+    assert shown["Round"] == "2 / 2"
+    headings = [h.value for h in at.subheader]
+    assert headings.index("Exported model (round 1 of 2)") < headings.index("Last round (2 of 2)")
+    exported = rows[(rows["round"] == EXPORTED_ROUND) & rows["auc"].notna()]
+    assert shown["Exported: worst-site AUC"] == f"{exported['auc'].min():.3f}"
+    assert shown["Exported: sites scored"] == "4 of 4"
+    # the last round: south dropped and was not scored; east has one class
+    final = rows[(rows["round"] == 2) & rows["auc"].notna()]
+    assert sorted(final["site"]) == ["north", "west"]
+    assert shown["Last round: sites scored"] == "3 of 4"
+    assert shown["Last round: worst-site AUC"] == f"{final['auc'].min():.3f}"
+    assert shown["Last round: mean site AUC"] == f"{final['auc'].mean():.3f}"
+    assert shown["Last round: pooled test AUC"] == f"{last['global_auc']:.3f}"
+    south = rows[(rows["site"] == "south") & (rows["round"] == 1)].iloc[0]
+    text = texts(at)
+    assert (
+        f"south not scored since round 2 (dropped); last AUC {south['auc']:.3f} at round 1" in text
+    )
+    assert "over 3 of 4 sites scored, 1 with a one-class test split" in text
+    assert "not every site was scored (rounds 2)" in text
+    runs = at.dataframe[0].value
+    assert len(runs) == 5
+    row = runs.set_index("id").loc["run-complete"]
+    assert row["transport"] == "flower" and row["sites"] == 4 and row["data"] == "synthetic"
+    assert row["final AUC"] == pytest.approx(0.61)
+
+
+def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "sites", "run-complete")
+    with RunStore(store_dir) as store:
+        stored = store.site_rounds("run-complete")
+    at.radio(key="sites_model").set_value("Last round (2 of 2)").run()
+    table = at.dataframe[0].value.set_index("site")
+    at2 = stored[stored["round"] == 2].set_index("site")
+    scored = ["east", "north", "west"]
+    for column, source in (("AUC", "auc"), ("CI low", "auc_lo"), ("CI high", "auc_hi")):
+        np.testing.assert_allclose(table.loc[scored, column], at2.loc[scored, source])
+    for site in scored:
+        positives = int(split_of(site, 2)[0].sum())
+        assert table.loc[site, "positives"] == positives
+        assert table.loc[site, "negatives"] == 60 - positives
+    assert "no positives" in table.loc["east", "note"]
+    south_before = stored[(stored["round"] == 1) & (stored["site"] == "south")].iloc[0]
+    assert table.loc["south", "note"] == (
+        f"not scored since round 2 (dropped); last AUC {south_before['auc']:.3f} at round 1"
+    )
+    assert np.isnan(table.loc["south", "AUC"])
+    lows = table["CI low"].dropna().tolist()
+    assert lows == sorted(lows)  # least certain site first
+    assert table.loc["south", "last round trained"] == 1  # dropped in round 2
+    shown = metrics(at)
+    assert shown["Sites scored"] == "3 of 4"
+    assert shown["Worst-site AUC"] == f"{at2.loc[['north', 'west'], 'auc'].min():.3f}"
+    assert shown["Sites with a one-class test split"] == "1"
+    assert any("south: not scored since round 2" in str(w.value) for w in at.warning)
+
+    at.radio(key="sites_model").set_value("Exported model (round 1 of 2)").run()
+    exported = at.dataframe[0].value.set_index("site")
+    at1 = stored[stored["round"] == EXPORTED_ROUND].set_index("site")
+    np.testing.assert_allclose(
+        exported.loc[scored + ["south"], "AUC"], at1.loc[scored + ["south"], "auc"]
+    )
+    assert metrics(at)["Sites scored"] == "4 of 4"
+
+
+def test_heterogeneity_shows_data_cards_and_local_steps(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "heterogeneity", "run-complete")
+    cards = at.dataframe[0].value
+    for i, site in enumerate(SITES):
+        assert cards.loc[site, "prevalence"] == pytest.approx((10 + 5 * i) / 100)
+        assert cards.loc[site, "train intensity mean"] == pytest.approx(0.3 + 0.05 * i)
+    steps = at.dataframe[1].value
+    # rounds 1 and 2: every completed site trained 4 + index steps (west rejected in 1,
+    # south dropped in 2), so each site has one or two rounds of the same count
+    assert steps.loc["east", "total steps"] == 8 and steps.loc["west", "rounds trained"] == 1
+    assert steps.loc["south", "total steps"] == 6 and steps.loc["north", "mean"] == 5
+    assert "Site × site similarity" in texts(at)
+
+    other = open_page(monkeypatch, store_dir, "heterogeneity", "run-other")
+    assert "No intensity statistics" in texts(other)
+
+
+def test_participation_counts_statuses_and_lists_events(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "participation", "run-complete")
+    with RunStore(store_dir) as store:
+        rows = store.site_rounds("run-complete")
+        events = store.events("run-complete")
+        rounds = store.rounds("run-complete")
+    trained = rows[rows["round"] > 0]
+    shown = metrics(at)
+    for status in ("completed", "dropped", "rejected", "error"):
+        assert shown[status.capitalize()] == str(int((trained["status"] == status).sum()))
+    assert shown["Dropped"] == "1" and shown["Rejected"] == "1"
+    assert at.dataframe[1].value["message"].tolist() == events["message"].tolist()
+    down, up = rounds["bytes_down"].sum() / 1e6, rounds["bytes_up"].sum() / 1e6
+    assert f"Traffic: {down:.1f} MB down, {up:.1f} MB up" in texts(at)
+    assert "Trained depth" in texts(at)
+
+    at.multiselect[0].set_value(["error"]).run()
+    assert set(at.dataframe[1].value["level"]) == {"error"}
+
+
+def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "compare", "run-complete")
+    at.multiselect(key="compare_runs").set_value(["run-complete", "run-other"]).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    with RunStore(store_dir) as store:
+        for run_id, algorithm in (("run-complete", "codasca"), ("run-other", "fedavg")):
+            rounds = store.rounds(run_id)
+            row = table.loc[f"{algorithm} · {run_id}"]
+            total = (rounds["bytes_up"].sum() + rounds["bytes_down"].sum()) / 1e6
+            assert row["total MB"] == pytest.approx(total)
+            assert row["last round: pooled test AUC"] == pytest.approx(
+                rounds["global_auc"].iloc[-1]
+            )
+    assert table.loc["codasca · run-complete", "exported model: pooled test AUC"] == 0.61
+    assert table["total MB"].iloc[1] == pytest.approx(2 * table["total MB"].iloc[0])
+
+
+def test_roc_last_round_view_starts_at_the_cards_threshold(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "roc", "run-complete")
+    at.radio(key="roc_model").set_value("Last round (2 of 2)").run()
+    assert at.slider(key="roc_round_threshold").value == round(THRESHOLD, 2)
+    for threshold in (0.5, 0.3):
+        at.slider(key="roc_round_threshold").set_value(threshold).run()
+        table = at.dataframe[0].value.set_index("site")
+        for site in ("north", "west"):
+            labels, scores = split_of(site, 2)
+            true_sens = ((scores >= threshold) & (labels == 1)).sum() / labels.sum()
+            true_spec = ((scores < threshold) & (labels == 0)).sum() / (labels == 0).sum()
+            # the stored curve is exact here (≤ 101 points): interpolation between neighbours
+            # stays within one step of the true operating point
+            assert table.loc[site, "sensitivity"] == pytest.approx(true_sens, abs=0.1)
+            assert table.loc[site, "specificity"] == pytest.approx(true_spec, abs=0.1)
+        assert "ROC undefined" in table.loc["east", "note"]
+        assert "south" not in table.index  # not scored in round 2
+    assert "At threshold 0.30" in texts(at)
+    with RunStore(store_dir) as store:
+        stored = store.site_rounds("run-complete")
+    north = stored[(stored["round"] == 2) & (stored["site"] == "north")].iloc[0]
+    expected = operating_point(json.loads(north["metrics"])["roc"][0], 0.3)
+    assert table.loc["north", "sensitivity"] == pytest.approx(expected[0])
+
+
+def visit_every_page(at: AppTest):
+    """Switch through all pages of one AppTest session, yielding after each."""
+    for page in PAGES:
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        yield page
+
+
+def test_every_page_renders_a_one_round_run(monkeypatch, store_dir):
+    at = open_page(monkeypatch, store_dir, "overview", "run-one")
+    titles = [at.title[0].value for _ in visit_every_page(at)]
+    assert titles == [
+        "Overview", "Sites", "Heterogeneity", "Participation", "Compare runs", "ROC",
+        "Operating point",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "run_id, message",
+    [
+        ("run-failed", "failed at round 0 of 5: round 1: no valid reply"),
+        ("run-live", "is live: round 0 of 9"),
+    ],
+)
+def test_every_page_shows_failed_and_live_runs(monkeypatch, store_dir, run_id, message):
+    at = open_page(monkeypatch, store_dir, "overview", run_id)
+    for page in visit_every_page(at):
+        assert message in texts(at), page
+
+
+def test_a_running_run_that_went_silent_is_flagged(monkeypatch, store_dir):
+    monkeypatch.setattr("app.common.STALE_S", 0.0)
+    at = open_page(monkeypatch, store_dir, "overview", "run-live")
+    silent = r"nothing for \d+ min \(round 0 of 9\): its coordinator may have stopped"
+    assert re.search(silent, texts(at))
+
+
+@pytest.mark.parametrize("state", ["missing", "empty"])
+def test_every_page_explains_an_empty_or_missing_store(monkeypatch, tmp_path, state):
+    if state == "empty":
+        RunStore(tmp_path).close()
+    at = open_page(monkeypatch, tmp_path if state == "empty" else tmp_path / "nothing", "overview")
+    expected = "has no runs yet" if state == "empty" else "No run store"
+    for page in visit_every_page(at):
+        assert expected in texts(at), page
+
+
+def test_dashboard_without_streamlit_says_which_extra_instead_of_printing_a_url(
+    monkeypatch, capsys
+):
+    import importlib.util
+
+    from fed_auc.cli.dashboard_process import dashboard
+
+    real = importlib.util.find_spec
+    missing = lambda name, *a: None if name == "streamlit" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", missing)
+    with pytest.raises(SystemExit, match=r"dashboard extra .*\[dashboard\]"):
+        dashboard("runs", 8501, "127.0.0.1")
+    assert "http://" not in capsys.readouterr().err

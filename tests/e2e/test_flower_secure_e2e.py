@@ -1,0 +1,76 @@
+"""Secure aggregation over Flower: three hospitals' `fed-auc node`s, CODASCA, and a coordinator
+that sees only sums. The run must equal `fed-auc simulate --secure-aggregation` on the same
+site files (the same protocol code runs either way; Flower only carries its messages): the
+exported model and the rows the store keeps, protocol bytes included, no per-site signals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.io import load_torch
+from fed_auc.simulation import run_simulation
+from fed_auc.store.run_store import RunStore
+from fed_auc.transport.flower.processes import free_port
+from tests.support.data_files import write_npz
+from tests.support.flower_files import _coordinator, _fed_auc, _site_file, _store, _summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EXPERIMENT = {
+    "algorithm": "codasca",
+    "rounds": 2,
+    "local_steps": 2,
+    "batch_size": 8,
+    "select": "last",
+    "secure_aggregation": True,
+}
+COLUMNS = ["round", "steps", "n", "auc", "val_auc", "bytes_up", "bytes_down"]
+
+
+def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(tmp_path):
+    files = []
+    for k, name in enumerate(("north", "south", "east")):
+        (tmp_path / name).mkdir()
+        write_npz(tmp_path / name / "site.npz", n=(40, 12, 16), seed=k)
+        files.append(_site_file(tmp_path, name, f"medmnist:{name}/site.npz"))
+    port = free_port()
+    nodes = [
+        _fed_auc(tmp_path, f"{f.stem}.log", "node", "--site", str(f), "--insecure",
+                 "--coordinator", f"127.0.0.1:{port}")
+        for f in files
+    ]  # fmt: skip
+    try:
+        summary = _summary(tmp_path, "flower", _coordinator(tmp_path, port, "flower", EXPERIMENT))
+    finally:
+        for node in nodes:
+            node.terminate()
+        for node in nodes:
+            node.wait(timeout=60)
+    config = ExperimentConfig(
+        **EXPERIMENT, site_files=[str(f) for f in files], runs_dir=str(tmp_path / "sim")
+    )
+    expected = run_simulation(config)
+
+    model = load_torch(Path(summary["model_path"]))
+    for name, tensor in load_torch(Path(expected["model_path"]))["state_dict"].items():
+        torch.testing.assert_close(model["state_dict"][name], tensor, atol=1e-5, rtol=1e-5)
+    got, _, events = _store(tmp_path / "flower", summary["run_id"])
+    want, _, _ = _store(tmp_path / "sim", expected["run_id"])
+    assert got[["site", "status"]].values.tolist() == want[["site", "status"]].values.tolist()
+    assert got[COLUMNS].to_numpy(float) == pytest.approx(
+        want[COLUMNS].to_numpy(float), abs=1e-5, nan_ok=True
+    )
+    trained = got[got["round"] > 0]
+    assert (trained["status"] == "completed").all()
+    assert trained[["update_norm", "drift", "cosine", "cv_drift"]].isna().all().all()
+    for row in trained["metrics"].map(json.loads):
+        assert row["secure_aggregation_bytes"]["train"]["up"] > 0
+    with RunStore(tmp_path / "flower") as store:
+        assert store.run(summary["run_id"])["config"]["secure_aggregation"] is True
+    assert not events["level"].eq("error").any()
