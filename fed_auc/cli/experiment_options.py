@@ -41,8 +41,16 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="MIN:MAX: each site draws its local steps τ_i per round from this range (seeded)",
     )
     p.add_argument("--batch-size", type=int, help="local batch size (default 32)")
-    p.add_argument("--lr", type=float, help="local learning rate η (default 0.1)")
-    p.add_argument("--model", help="tiny (default), small, densenet121, densenet169, densenet201")
+    p.add_argument(
+        "--lr",
+        type=float,
+        help="local learning rate η (default: 0.2 for image files, 0.1 for synthetic)",
+    )
+    p.add_argument(
+        "--model",
+        help="tiny, small, densenet121, densenet169, densenet201 (default: small for image "
+        "files, tiny for synthetic)",
+    )
     p.add_argument("--image-size", type=int, help="image side in pixels (default 28)")
     p.add_argument("--participation", type=float, help="fraction of sites per round (0, 1]")
     p.add_argument(
@@ -162,12 +170,16 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_data_arguments(p)
     p.add_argument(
-        "--warmup-rounds", type=int, help="fedavg + cross-entropy rounds before the AUC loss (0)"
+        "--warmup-rounds",
+        type=int,
+        help="fedavg + cross-entropy rounds before the AUC loss (default: 10 for image files "
+        "with an AUC loss and no DP accountant, else 0)",
     )
     p.add_argument(
         "--warmup-head",
         choices=WARMUP_HEADS,
-        help="the classifier the AUC phase starts from: the warm-up's (keep, default), "
+        help="the classifier the AUC phase starts from: the warm-up's (keep; default, but "
+        "recenter for image files after a warm-up), "
         "re-initialized (reset, LibAUC's recipe) or with its bias moved by −logit(p) "
         "(recenter: same ranking, scores near ½)",
     )

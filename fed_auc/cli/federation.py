@@ -33,6 +33,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="external validation: train without this site (repeatable); it joins, never "
         "trains, and the exported model is scored at every site",
     )
+    c.add_argument(
+        "--leave-each-out",
+        action="store_true",
+        help="external validation of every site: one run with all sites, then one per site "
+        "without it, on the same nodes; each site's held-out AUC beside its in-federation AUC",
+    )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
     n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
@@ -70,6 +76,12 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
 
     if (args.config is None) == (args.resume is None):
         raise SystemExit("fed-auc coordinator: give --config (a new run) or --resume RUN_ID")
+    leave_each_out = getattr(args, "leave_each_out", False)
+    if leave_each_out and (args.hold_out or args.resume is not None):
+        raise SystemExit(
+            "fed-auc coordinator: --leave-each-out chooses the held-out sites itself and starts "
+            "new runs: drop --hold-out and --resume"
+        )
     if args.resume is not None:
         if args.rounds is not None:
             raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
@@ -78,11 +90,17 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
         overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address,
                      "hold_out": args.hold_out}  # fmt: skip
         experiment = load_experiment(args.config, overrides)
+        if leave_each_out:
+            experiment["leave_each_out"] = True
     work_dir = Path(experiment["experiment"]["runs_dir"]) / "flower"
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     summary = run_coordinator(experiment, work_dir, echo)
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif leave_each_out:
+        from fed_auc.cli.simulate import print_leave_each_out
+
+        print_leave_each_out(summary["leave_each_out"])
     else:
         from fed_auc.run.headline import summary_headline
 

@@ -203,14 +203,19 @@ def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, An
     rows = run_all(names, train)
     if as_json:
         print(json.dumps(rows, indent=2))
-        return rows
+    else:
+        print_leave_each_out(rows)
+    return rows
+
+
+def print_leave_each_out(rows: list[dict[str, Any]]) -> None:
+    """One line per site: its held-out AUC beside its in-federation AUC, with their runs."""
     for row in rows:
         held, within = row["held_out_auc"], row["in_federation_auc"]
         print(
             f"{row['site']:<20} held-out AUC {_aucs(held)} (run {row['held_out_run']})  "
             f"in-federation AUC {_aucs(within)} (run {row['in_federation_run']})"
         )
-    return rows
 
 
 def _aucs(values: list[float | None] | None) -> str:

@@ -4,6 +4,7 @@ the option's name, the bad value and what was expected.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,21 @@ def check_at_least(name: str, value: Any, low: int, high: int | None = None) -> 
 
 
 def validate(config: ExperimentConfig) -> None:
-    """Fail early with the option name, the bad value and what was expected."""
+    """Fail early with the option name, the bad value and what was expected.
+
+    Before the data's kind is known (Flower, before the nodes register) the options it fills
+    in are checked as either kind would fill them: refused only if both refuse (image files'
+    reason shown); ``with_data_kind`` checks again once the kind is known."""
+    if config.data_defaults_pending():
+        errors = []
+        for synthetic in (False, True):
+            filled = copy.copy(config)
+            filled._fill_data_defaults(synthetic)
+            try:
+                return validate(filled)
+            except ValueError as exc:
+                errors.append(exc)
+        raise errors[0]
     for f in dataclasses.fields(config):
         check_type(f.name, getattr(config, f.name), f.type)
     check_choice("algorithm", config.algorithm, sorted(ALGORITHMS))

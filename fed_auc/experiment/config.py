@@ -29,6 +29,14 @@ from fed_auc.tta import default_tta
 
 DEFAULT_FILE_SELECT = "best_val:5"
 DEFAULT_FILE_NEG_FLOOR = 0.25
+# The recipe each kind of data gets for the options not given (None until the kind is known).
+# Synthetic: the demo's fast one. Image files: the README's BreastMNIST recipe (a small
+# DenseNet, 10 fedavg + CE warm-up rounds before an AUC loss, lr 0.2), which BENCHMARKS.md ran
+# on every BreastMNIST federation ("Rare positives", "The README's real-data recipe": CODASCA
+# level with FedAvg-CE at 1–2 %, 5 %, 10 % and balanced). Its screens: lr 0.1 lost 0.05
+# validation AUC against 0.2, and no warm-up was 0.02 behind 5 rounds (interval holding 0).
+SYNTHETIC_RECIPE = {"model": "tiny", "lr": 0.1, "warmup_rounds": 0}
+FILE_RECIPE = {"model": "small", "lr": 0.2, "warmup_rounds": 10}
 
 
 @dataclass
@@ -39,9 +47,10 @@ class ExperimentConfig:
     ``transport`` says how the sites run: ``local`` (in-process: the synthetic federation, a
     shared data set split by ``partition``, or the ``site_files`` given) or ``flower`` (each
     node owns its data, so every option that describes a simulated federation is refused).
-    Defaults that depend on the kind of data (``select``, ``min_neg_fraction``, ``augment``)
-    are filled in when the kind is known: here for ``local``, after the nodes register for
-    ``flower`` (``with_data_kind``).
+    Defaults that depend on the kind of data (``model``, ``lr``, ``warmup_rounds``,
+    ``warmup_head``, ``select``, ``min_neg_fraction``, ``augment``, ``dual_lr``) are filled in
+    when the kind is known: here for ``local``, after the nodes register for ``flower``
+    (``with_data_kind``). An option given (flag or TOML key) always wins.
     """
 
     algorithm: str = "codasca"
@@ -51,8 +60,8 @@ class ExperimentConfig:
     local_steps_range: str | None = None  # "MIN:MAX": τ_i drawn per site and round (seeded)
     site_local_steps: list[int] | None = None  # fixed τ_i per site, in site order
     batch_size: int = 32
-    lr: float = 0.1
-    model: str = "tiny"
+    lr: float | None = None  # None: 0.2 for image files, 0.1 for synthetic (*_RECIPE above)
+    model: str | None = None  # None: small for image files, tiny for synthetic
     image_size: int = 28
     participation: float = 1.0
     eval_every: int = 1  # evaluate every N rounds (round 0 and the last always)
@@ -103,7 +112,9 @@ class ExperimentConfig:
     # None: best_val:5 for
     # image files (a 78-image validation split picks single rounds noisily, BENCHMARKS.md),
     # best_val for the synthetic demo.
-    warmup_rounds: int = 0
+    # None: 10 for image files when the run trains an AUC loss and no DP accountant forbids a
+    # warm-up (it would train outside the accountant), else 0.
+    warmup_rounds: int | None = None
     # The classifier (output layer) the AUC phase starts from: the warm-up's as it is
     # ("keep"), set back to its initial values as LibAUC's two-stage recipe does ("reset"), or
     # the warm-up's with each label's bias moved by −logit(p) ("recenter"): the same ranking,
@@ -193,19 +204,36 @@ class ExperimentConfig:
         config._fill_data_defaults(synthetic)
         validate(config)
         return config
+    def data_defaults_pending(self) -> bool:
+        """Whether options still wait for the data's kind (Flower, before registration)."""
+        return None in (self.model, self.lr, self.warmup_rounds)
+
     def _fill_data_defaults(self, synthetic: bool) -> None:
+        recipe = SYNTHETIC_RECIPE if synthetic else FILE_RECIPE
+        if self.model is None:
+            self.model = recipe["model"]
+        if self.lr is None:
+            self.lr = recipe["lr"]
+        auc_phase = not synthetic and self.loss != "ce"  # the AUC recipe of BENCHMARKS.md
+        if self.warmup_rounds is None:
+            warm = auc_phase and not self._accounted()
+            self.warmup_rounds = recipe["warmup_rounds"] if warm else 0
         if self.select is None:
             self.select = "best_val" if synthetic else DEFAULT_FILE_SELECT
         if self.min_neg_fraction is None:
             self.min_neg_fraction = 0.0 if synthetic else DEFAULT_FILE_NEG_FLOOR
         if self.augment is None:
             self.augment = "none" if synthetic else "flip"
-        auc_phase = not synthetic and self.loss != "ce"  # the AUC recipe of BENCHMARKS.md
         if self.warmup_head is None:
             self.warmup_head = "recenter" if auc_phase and self.warmup_rounds else "keep"
         if auc_phase and self.algorithm in PREVALENCE_DUAL_STEP:
             self.backend_options = {"dual_lr": DUAL_LR_PREVALENCE, **self.backend_options}
 
+    def _accounted(self) -> bool:
+        """Whether a DP accountant runs (DP-SGD, or noised update-level DP): no warm-up then."""
+        if self.dp == "example":
+            return True
+        return self.dp_clip is not None and bool(self.dp_noise or self.target_epsilon is not None)
 
     def example_dp(self) -> ExampleDP | None:
         """DP-SGD's settings (dp = 'example'), planned for every round's local steps."""

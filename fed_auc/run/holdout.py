@@ -6,7 +6,8 @@ training request for one is refused before it leaves. After training, ``evaluate
 the evaluation job (``fed_auc.evaluate.job``) of the exported model on every site through the
 full transport; sites the model's card does not list are marked held out. ``leave_each_out``
 runs one training per site plus the in-federation one and sets each site's held-out AUC beside
-its in-federation AUC.
+its in-federation AUC (``fed-auc simulate --leave-each-out``, and over Flower ``fed-auc
+coordinator --leave-each-out``, which learns the sites from the first run).
 """
 
 from __future__ import annotations
@@ -95,11 +96,18 @@ def evaluate_export(
 
 
 def leave_each_out(
-    sites: Sequence[str], train: Callable[[list[str]], dict[str, Any]]
+    sites: Sequence[str] | None,
+    train: Callable[[list[str]], dict[str, Any]],
+    inside: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``train(held_out)`` runs one federation (its summary has ``evaluation``); one run with
-    nothing held out, then one per site. Per site and label: held-out and in-federation AUC."""
-    inside = train([])
+    nothing held out, then one per site. Per site and label: held-out and in-federation AUC.
+    ``sites`` None: the sites the run with nothing held out trained (its summary's
+    ``sites``: over Flower they are known once the nodes register), in its order."""
+    if inside is None:
+        inside = train([])
+    if sites is None:
+        sites = inside["sites"]
     rows = []
     for site in sites:
         outside = train([site])

@@ -34,6 +34,7 @@ BASE = {
     "local_steps": 2,
     "batch_size": 8,
     "select": "last",
+    "warmup_rounds": 0,  # image files warm up 10 rounds by default; "warmup" below asks for 1
 }
 OPTION_SETS = {
     **{name: {"algorithm": name} for name in sorted(ALGORITHMS)},

@@ -128,6 +128,8 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
 def _resume_hint(experiment: dict[str, Any]) -> str:
     if "evaluation" in experiment:  # an evaluation job starts again from the start
         return ". Nothing was exported; run the evaluation again"
+    if experiment.get("leave_each_out"):  # several runs: the failed one is marked failed
+        return ". Runs that completed are kept in the store; start --leave-each-out again"
     run_id, runs_dir = experiment["run_id"], experiment["experiment"]["runs_dir"]
     return (
         f". The run is saved; continue it with "

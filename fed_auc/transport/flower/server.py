@@ -52,9 +52,13 @@ def run_experiment(
 
     try:
         # The nodes register with a provisional setup: registration needs their data and
-        # memory budget only; the data-dependent defaults are settled from their answers.
-        model = build_model(config.model, num_labels=config.num_labels, norm=config.model_norm())
-        provisional = config.with_data_kind(True).node_setup(
+        # memory budget only; the data-dependent defaults (the network and lr among them)
+        # are settled from their answers.
+        provisional = _provisional(config)
+        model = build_model(
+            provisional.model, num_labels=config.num_labels, norm=provisional.model_norm()
+        )
+        provisional = provisional.node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
         everyone = make_transport(grid, provisional, settings, log, event)
@@ -106,12 +110,51 @@ def run_experiment(
         on_round=lambda r: log(_progress(r)),
         thresholds=settings.pooled_scoring,
     )
+    summary["sites"] = sites  # the registered sites that trained, in federation order
     if config.hold_out is not None:  # external validation: the export scored at every site
         log(f"run {run_id}: scoring the exported model at every site")
         summary["evaluation"] = evaluate_export(
             everyone, config.runs_dir, run_id, summary["model_path"], "flower"
         )
     return summary
+
+
+def run_leave_each_out(
+    grid: Grid, experiment: dict[str, Any], log=print, make_transport=FlowerTransport
+) -> dict[str, Any]:
+    """``fed-auc coordinator --leave-each-out``: on the same nodes, the run
+    ``experiment["run_id"]`` with every site, then one new run per registered site without it
+    (``run_experiment`` with ``hold_out``), each scored at every site. The summary is the
+    first run's, with ``leave_each_out``: per site its held-out and in-federation AUC."""
+    from fed_auc.run.holdout import leave_each_out
+    from fed_auc.run.lifecycle import git_revision
+
+    options = {**experiment["experiment"], "hold_out": []}
+    base = {k: v for k, v in experiment.items() if k not in ("leave_each_out", "resume")}
+
+    def train(held_out: list[str]) -> dict[str, Any]:
+        if not held_out:
+            return run_experiment(grid, {**base, "experiment": options}, log, make_transport)
+        config = {**options, "hold_out": held_out}
+        with RunStore(config["runs_dir"]) as store:
+            record = {**config, "flower": experiment["flower"]}
+            run_id = store.create_run(config["algorithm"], record, git_revision())
+        log(f"leave-each-out: run {run_id} trains without {held_out}")
+        return run_experiment(
+            grid, {**base, "experiment": config, "run_id": run_id}, log, make_transport
+        )
+
+    inside = train([])
+    return {**inside, "leave_each_out": leave_each_out(None, train, inside)}
+
+
+def _provisional(config: ExperimentConfig) -> ExperimentConfig:
+    """The config the nodes register with: as for synthetic data (the lightest setup), or as
+    for image files where only those accept the options given."""
+    try:
+        return config.with_data_kind(True)
+    except ValueError:
+        return config.with_data_kind(False)
 
 
 def _progress(record: RoundRecord) -> str:
@@ -138,7 +181,7 @@ def main(grid: Grid, context: Context) -> None:
     backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
     path = Path(str(context.run_config["experiment-file"]))
     experiment = json.loads(path.read_text())
-    run = run_experiment
+    run = run_leave_each_out if experiment.get("leave_each_out") else run_experiment
     if "evaluation" in experiment:  # an evaluation-only run (fed-auc evaluate --federation)
         from fed_auc.transport.flower.evaluation import run_evaluation as run
     with open(experiment["progress_file"], "a", buffering=1) as progress:
