@@ -51,6 +51,9 @@ def _threads_arg(value: str) -> int | None:
 def _coordinator_command(args: argparse.Namespace) -> int:
     import signal
 
+    flower_cli.require_flower("coordinator")
+    from fed_auc.transport.flower.launch import CoordinatorFailed
+
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
     try:
         flower_cli.coordinator(args)
@@ -58,7 +61,7 @@ def _coordinator_command(args: argparse.Namespace) -> int:
         print(f"fed-auc coordinator: {stop or 'stopped; the run is marked failed (resumable)'}",
               file=sys.stderr)  # fmt: skip
         return 130
-    except flower_cli.CoordinatorFailed as exc:  # one line: what failed, how to go on
+    except CoordinatorFailed as exc:  # one line: what failed, how to go on
         print(f"fed-auc coordinator: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -29,9 +29,15 @@ from fed_auc.transport.flower.worker import NodeWorker
 class FlowerLikeTransport:
     """``FlowerTransport`` without Flower: the same frames, one in-process worker per site."""
 
-    def __init__(self, site_files: list[Path], setup: NodeSetup) -> None:
-        sites = [SiteDefinition.from_toml(path) for path in site_files]
-        self.workers = {site.name: NodeWorker(site) for site in sites}
+    def __init__(
+        self, site_files: list[Path], setup: NodeSetup, workers: dict | None = None
+    ) -> None:
+        """``workers``: the sites' running workers (several runs on the same nodes), else
+        one new worker per site file."""
+        if workers is None:
+            sites = [SiteDefinition.from_toml(path) for path in site_files]
+            workers = {site.name: NodeWorker(site) for site in sites}
+        self.workers = workers
         self.setup = setup.to_dict()
         self.registrations: dict[str, dict[str, Any]] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
@@ -80,6 +86,16 @@ class FlowerLikeTransport:
             )
             for site in sites
         }
+
+    def report(self, sites, request, tensors):
+        """An evaluation job's request at each site (``FlowerTransport.report``)."""
+        header = {"kind": "report", "setup": self.setup, "request": request.to_dict()}
+        memo: dict[int, str] = {}
+        out = {}
+        for site in sites:
+            answer = self._ask(site, tensor_frame(header, tensors, self.held.get(site, []), memo))
+            out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["report"]
+        return out
 
     def _ask(self, site: str, frame):
         """One request as a Flower message's content, answered as ``fed-auc node`` answers it."""

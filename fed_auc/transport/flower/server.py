@@ -127,7 +127,7 @@ def run_leave_each_out(
     (``run_experiment`` with ``hold_out``), each scored at every site. The summary is the
     first run's, with ``leave_each_out``: per site its held-out and in-federation AUC."""
     from fed_auc.run.holdout import leave_each_out
-    from fed_auc.run.lifecycle import git_revision
+    from fed_auc.store.run_store import git_revision
 
     options = {**experiment["experiment"], "hold_out": []}
     base = {k: v for k, v in experiment.items() if k not in ("leave_each_out", "resume")}

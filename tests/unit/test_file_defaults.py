@@ -25,20 +25,14 @@ import pytest
 
 from fed_auc.cli import main
 from fed_auc.cli.experiment_options import add_simulate_parser, config_from_args
-from fed_auc.exchange import NodeFailure
 from fed_auc.experiment.config import FILE_RECIPE, SYNTHETIC_RECIPE, ExperimentConfig
 from fed_auc.experiment.files import load_experiment
 from fed_auc.site import SiteDefinition
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import server
-from fed_auc.transport.flower.client import frame_content, message_frame
-from fed_auc.transport.flower.codec import (
-    broadcast_frame,
-    frame_evaluation,
-    frame_reply,
-    tensor_frame,
-)
 from fed_auc.transport.flower.worker import NodeWorker
+from tests.support.flower_like import FlowerLikeTransport
+from tests.support.paths import ROOT
 
 # The README's recipe for image files (README "Real data", BENCHMARKS.md "Rare positives").
 VALIDATED = {
@@ -98,7 +92,7 @@ def _has(config: dict[str, Any], values: dict[str, Any]) -> None:
 def test_the_recipes_are_the_ones_the_docs_name():
     assert FILE_RECIPE == {"model": "small", "lr": 0.2, "warmup_rounds": 10}
     assert SYNTHETIC_RECIPE == {"model": "tiny", "lr": 0.1, "warmup_rounds": 0}
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert "`small` for image files, `tiny` for synthetic" in readme
     assert "0.2 for image files, 0.1 for synthetic" in readme
     assert "10 for image files" in readme
@@ -155,76 +149,6 @@ def test_simulate_on_an_image_file_records_the_validated_recipe(tmp_path, capsys
 
 
 # -- over Flower -----------------------------------------------------------------------------
-class WorkerTransport:
-    """``FlowerTransport``'s interface, each request answered by a ``NodeWorker`` as ``fed-auc
-    node`` answers a Flower message (frames through Flower records); no Flower process."""
-
-    def __init__(self, workers: dict[str, NodeWorker], setup) -> None:
-        self.workers, self.setup = workers, setup.to_dict()
-        self.registrations: dict[str, dict[str, Any]] = {}
-        self.summaries: dict[str, dict[str, Any]] = {}
-        self.held: dict[str, list[str]] = {}
-
-    @property
-    def sites(self) -> list[str]:
-        return list(self.registrations)
-
-    def use(self, setup) -> WorkerTransport:
-        self.setup = setup.to_dict()
-        return self
-
-    def register(self) -> dict[str, dict[str, Any]]:
-        if not self.registrations:
-            request = {"kind": "register", "setup": self.setup}
-            answers = {site: self._ask(site, (request, [])) for site in self.workers}
-            for site in sorted(answers, key=lambda s: answers[s][0]["registration"]["order"]):
-                self.registrations[site] = answers[site][0]["registration"]
-                self.summaries[site] = answers[site][0]["summary"]
-        return self.registrations
-
-    def train(self, requests):
-        memo: dict[int, str] = {}
-        return {
-            site: self._decode(frame_reply, self._ask(
-                site, broadcast_frame(b, self.setup, self.held.get(site, []), memo)))
-            for site, b in requests.items()
-        }  # fmt: skip
-
-    def evaluate(self, sites, tensors, pooled=True, thresholds=None):
-        header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
-        if thresholds is not None:
-            header["thresholds"] = list(thresholds)
-        memo: dict[int, str] = {}
-        return {
-            site: self._decode(frame_evaluation, self._ask(
-                site, tensor_frame(header, tensors, self.held.get(site, []), memo)))
-            for site in sites
-        }  # fmt: skip
-
-    def report(self, sites, request, tensors):
-        header = {"kind": "report", "setup": self.setup, "request": request.to_dict()}
-        memo: dict[int, str] = {}
-        out = {}
-        for site in sites:
-            answer = self._ask(site, tensor_frame(header, tensors, self.held.get(site, []), memo))
-            out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["report"]
-        return out
-
-    def _ask(self, site, frame):
-        header, buffers = message_frame(frame_content(*frame))
-        try:
-            answer = message_frame(frame_content(*self.workers[site].handle(header, buffers)))
-        except Exception as exc:  # a Flower error reply
-            self.held.pop(site, None)
-            return NodeFailure(site, "error", f"{type(exc).__name__}: {exc}")
-        self.held[site] = answer[0].get("cached", [])
-        return answer
-
-    @staticmethod
-    def _decode(decode, answer):
-        return answer if isinstance(answer, NodeFailure) else decode(answer)
-
-
 def _coordinator(tmp_path: Path, toml: str, sites: list[str], leave_each_out=False) -> tuple:
     """``fed-auc coordinator --config``'s experiment, run by the ServerApp's own function."""
     files = _site_files(tmp_path / "sites", sites)
@@ -240,8 +164,8 @@ def _coordinator(tmp_path: Path, toml: str, sites: list[str], leave_each_out=Fal
     with RunStore(config["runs_dir"]) as store:  # as fed-auc coordinator creates it
         experiment["run_id"] = store.create_run(config["algorithm"], dict(config), None)
     run = server.run_leave_each_out if leave_each_out else server.run_experiment
-    summary = run(None, experiment, lambda line: None, lambda g, setup, *a: WorkerTransport(
-        workers, setup))  # fmt: skip
+    summary = run(None, experiment, lambda line: None, lambda g, setup, *a: FlowerLikeTransport(
+        files, setup, workers))  # fmt: skip
     return experiment, summary
 
 
