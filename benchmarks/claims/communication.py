@@ -42,6 +42,7 @@ def final_auc(
     image_size: int,
     data_scale: float,
     imratio: float = 0.1,
+    batch_size: int = 32,
 ) -> float:
     """Pooled test AUC after T = ``steps`` local steps per site in rounds of I = ``window``."""
     import torch
@@ -63,6 +64,7 @@ def final_auc(
                 select="last",
                 image_size=image_size,
                 data_scale=data_scale,
+                batch_size=batch_size,
                 seed=seed,
                 runs_dir=runs_dir,
             )

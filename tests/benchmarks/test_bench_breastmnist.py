@@ -36,7 +36,7 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     npz = write_npz(tmp_path / "toy.npz", n=(160, 40, 60))
     runs, out, md = tmp_path / "runs", tmp_path / "out.json", tmp_path / "frag.md"
     argv = ["--npz", str(npz), "--image-size", "16", "--rounds", "2", "--warmup-rounds", "1"]
-    argv += ["--model", "tiny"]
+    argv += ["--model", "tiny", "--batch-size", "8"]
     argv += ["--seeds", "0", "1", "--rows", "federated:flip", "--runs-dir", str(runs)]
     argv += ["--jobs", "2"]  # both seeds at once; results still in seed order
     bench.main([*argv, "--out", str(out), "--markdown", str(md)])

@@ -16,7 +16,7 @@ def test_i_max_is_the_largest_window_within_the_tolerance_of_i_1():
 
 def test_toy_sweep_table_and_plot(tmp_path):
     results = communication.sweep(
-        [2], [0], [1, 4], workers=1, steps=4, image_size=16, data_scale=0.05
+        [2], [0], [1, 4], workers=1, steps=4, image_size=16, data_scale=0.05, batch_size=4
     )
     assert set(results) == {(2, a, i, 0) for a in communication.ALGORITHMS for i in (1, 4)}
     assert all(0.0 <= auc <= 1.0 for auc in results.values())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 TOY = {"algorithm": "codasca", "sites": 3, "rounds": 2, "local_steps": 2, "model": "tiny",
-       "image_size": 16, "data_scale": 0.15, "seed": 3}  # fmt: skip
+       "image_size": 16, "data_scale": 0.15, "seed": 3, "batch_size": 8}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -208,7 +208,7 @@ def test_the_cli_flag_turns_it_on_and_the_dashboard_says_why_drift_is_missing(
     tmp_path, monkeypatch
 ):
     config = tmp_path / "small.toml"
-    config.write_text("sites = 3\nrounds = 1\nlocal_steps = 1\ndata_scale = 0.15\n")
+    config.write_text("sites = 3\nrounds = 1\nlocal_steps = 1\ndata_scale = 0.15\nbatch_size = 8\n")
     main(["simulate", "--config", str(config), "--runs-dir", str(tmp_path), "--secure-aggregation"])
     with RunStore(tmp_path) as store:
         run = store.run(store.runs().iloc[0]["id"])
