@@ -45,6 +45,7 @@ def measure(
     local_steps: int,
     data_scale: float,
     runs_dir: str,
+    batch_size: int = 32,
 ) -> dict[str, float]:
     """One federation in this process: per-round training time, peak RSS, data and state."""
     import torch
@@ -60,6 +61,7 @@ def measure(
         rounds=rounds + 1,
         local_steps=local_steps,
         data_scale=data_scale,
+        batch_size=batch_size,
         runs_dir=runs_dir,
     )
     fed = build_federation(config)

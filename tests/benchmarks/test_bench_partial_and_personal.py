@@ -7,7 +7,9 @@ import pytest
 
 from benchmarks.claims import partial_and_personal as pp
 
-TOY = {"rounds": 1, "local_steps": 2, "image_size": 16, "data_scale": 0.2, "seed": 0}
+TOY = {
+    "rounds": 1, "local_steps": 2, "image_size": 16, "data_scale": 0.2, "seed": 0, "batch_size": 16
+}  # fmt: skip
 
 
 def cells(line: str) -> list[str]:

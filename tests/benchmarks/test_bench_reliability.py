@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import reliability
 
-TOY = {"sites": 3, "rounds": 1, "local_steps": 1, "seed": 11, "data_scale": 0.2}
+TOY = {"sites": 3, "rounds": 1, "local_steps": 1, "seed": 11, "data_scale": 0.2, "batch_size": 16}
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ def test_linear_fit_recovers_a_line():
 @pytest.mark.slow
 def test_toy_federation_of_20_sites_in_a_fresh_process():
     result = scale.measure_in_fresh_process(
-        model="tiny", sites=20, selected=3, rounds=1, local_steps=1, data_scale=0.02
+        model="tiny", sites=20, selected=3, rounds=1, local_steps=1, data_scale=0.02,
+        batch_size=2,
     )
     assert result["round_s_min"] <= result["round_s"] <= result["round_s_max"]
     assert result["peak_mb"] > 50  # a Python process with torch loaded

@@ -94,7 +94,7 @@ def test_registered_model_is_a_copy_and_names_are_checked(chexpert_run, tmp_path
     assert (target / "model.pt").read_bytes() == (model_dir / "model.pt").read_bytes()
     with pytest.raises(ValueError, match="already exists"):
         register_model(model_dir, "again", tmp_path)
-    with pytest.raises(ValueError, match="model name '../x'"):
+    with pytest.raises(ValueError, match="model name = '../x'"):
         register_model(model_dir, "../x", tmp_path)
 
 

@@ -13,7 +13,9 @@ from fed_auc.coordinator.screening import InvalidReply, validate_answer
 from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.experiment.config import ExperimentConfig
 
-DATA_DEFAULTS = ("loss", "select", "min_neg_fraction", "augment", "warmup_head")
+DATA_DEFAULTS = (
+    "loss", "select", "min_neg_fraction", "augment", "warmup_head", "lr", "model", "warmup_rounds"
+)
 FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.name != "runs_dir"]
 VALUES = st.one_of(
     st.none(),

@@ -138,6 +138,7 @@ def test_centered_clip_keeps_a_large_but_finite_attack_out_of_the_model(
             rounds=2,
             local_steps=2,
             data_scale=0.15,
+            batch_size=16,
             aggregation=method,
         )
         models[method] = load_torch(run_simulation(config)["model_path"])["state_dict"]
