@@ -38,8 +38,10 @@ from tests.support.flower_files import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-EXPERIMENT = {
+EXPERIMENT = {  # the network and lr pinned: image files otherwise get the recipe's `small`
     "algorithm": "codasca",
+    "model": "tiny",
+    "lr": 0.1,
     "rounds": 2,
     "warmup_rounds": 2,
     "local_steps": 2,
