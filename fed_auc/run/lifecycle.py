@@ -68,7 +68,7 @@ def open_run(
         server.load(
             warm_start(
                 config, model, store, run_id, run_dir, warm_transport, pooled_scoring,
-                personal, sites.record,
+                personal, sites.record, sites.fixed_steps,
             )  # fmt: skip
         )
     coordinator = start_coordinator(

@@ -30,13 +30,15 @@ def warm_start(
     pooled_scoring: bool = True,
     personal: Collection[str] = (),
     record: dict[str, Any] | None = None,
+    fixed_steps: dict[str, int] | None = None,
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
     Recorded in the store as its own fedavg run, named in the main run's events.
     ``transport_for(warm_run_id, hyperparameters)`` reaches the same sites' nodes for that
     run (fedavg with these hyperparameters, cross-entropy). ``personal``: tensors the nodes
-    keep (personal heads), as in the main run."""
+    keep (personal heads), as in the main run; ``fixed_steps``: the τ_i sites set in their own
+    files, which the warm-up asks for as the main run does (a Flower node runs them anyway)."""
     options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
     hyperparameters = ExperimentConfig(**options).backend_hyperparameters()
     backend = build_backend("fedavg", **hyperparameters)
@@ -46,9 +48,10 @@ def warm_start(
     server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
     recorded = {**options, **(record or {}), "warmup_for": run_id}  # record: data_record
     warm_id = store.create_run("fedavg", recorded, git_revision())
+    transport = transport_for(warm_id, hyperparameters)
     coordinator = Coordinator(
         backend,
-        transport_for(warm_id, hyperparameters),
+        transport,
         store,
         warm_id,
         run_dir / "warmup",
@@ -57,6 +60,7 @@ def warm_start(
         seed=config.seed,
         pooled_scoring=pooled_scoring,
         personal=personal,
+        local_work=config.local_work(list(transport.register()), fixed_steps),
         secure=secure_aggregation(config),  # the warm-up's replies are as private
     )
     try:

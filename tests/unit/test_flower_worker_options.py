@@ -53,6 +53,10 @@ OPTION_SETS = {
     # whose code differs most between the two coordinators
     "site_node_options": {"partial_training": True, "sites": "node_options"},
     "warmup": {"warmup_rounds": 1},
+    # a site's own τ_i and a weak site in the warm-up too (it ran the experiment's τ before)
+    "site_node_options_warmup": {
+        "partial_training": True, "sites": "node_options", "warmup_rounds": 1
+    },
     "participation_range": {"participation": 0.6, "local_steps_range": "1:3"},
 }
 NODE_OPTIONS = {  # [node] lines per site of the "node_options" federation
@@ -166,7 +170,7 @@ def test_an_option_trains_the_same_through_node_workers_as_in_process(
         assert trained["personal_auc"].notna().all()
     if name == "best_val_2":  # the mean of two rounds, scored again by every node
         assert len(summary["averaged_rounds"]) == 2
-    if name == "site_node_options":
+    if name.startswith("site_node_options"):
         steps = {site: set(rows["steps"]) for site, rows in trained.groupby("site")}
         assert steps["north"] == {3} and steps["south"] == {2}  # north's own τ_i
         groups = summary["trained_groups"]
