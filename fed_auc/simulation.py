@@ -22,7 +22,6 @@ from fed_auc.data.spec import load_sites
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
-from fed_auc.losses import build_loss
 from fed_auc.models import model_from_config
 from fed_auc.node.build import build_node
 from fed_auc.node.node import Node
@@ -160,9 +159,7 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
     """
     shared = None
     if setup.personalization() is None and not setup.partial_training:
-        num_labels = setup.num_labels
-        model = model_from_config(setup.model_config)
-        shared = Trainable(model, build_loss(setup.loss, num_labels, [0.5] * num_labels))
+        shared = Trainable.with_loss(model_from_config(setup.model_config), setup.loss)
     return [
         build_node(
             setup,

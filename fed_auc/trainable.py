@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fed_auc.losses import build_loss
 from fed_auc.models import group_names, group_of
 
 Tensors = dict[str, torch.Tensor]
@@ -57,6 +58,13 @@ class Trainable:
     # Example-level DP-SGD while a node trains (fed_auc.privacy.dp_sgd.PrivateGradients): every
     # gradient below is then clipped per example and noised; None = plain autograd.
     private: Any = None
+
+    @classmethod
+    def with_loss(cls, model: nn.Module, loss_name: str) -> Trainable:
+        """``model`` with the named loss for its labels (p = 0.5 until the federation's
+        prevalence is known): the one way a node, a server or a measurement builds one."""
+        labels = int(model.num_labels)
+        return cls(model, build_loss(loss_name, labels, [0.5] * labels))
 
     def __init__(self, model: nn.Module, loss: nn.Module) -> None:
         self.model = model

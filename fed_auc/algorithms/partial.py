@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from fed_auc.losses import build_loss
 from fed_auc.models import group_names, group_of, model_from_config
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
 
@@ -83,7 +82,7 @@ def measure_step(
     torch.manual_seed(0)
     model = model_from_config(model_config)
     num_labels = int(model_config["num_labels"])
-    trainable = Trainable(model, build_loss("auc_margin", num_labels, [0.5] * num_labels))
+    trainable = Trainable.with_loss(model, "auc_margin")
     if list(groups) != group_names(model):
         trainable.train_only(groups)
     model.train()

@@ -36,7 +36,6 @@ from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
 from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
 from fed_auc.io import load_state, remove_stale_temporaries, save_state
-from fed_auc.losses import build_loss
 from fed_auc.metrics.auc import per_label_auc
 from fed_auc.metrics.operating_point import default_edges, score_bins
 from fed_auc.metrics.roc import per_label_roc
@@ -111,9 +110,7 @@ class Node:
         if trainable is not None and (memory_budget is not None or personalization is not None):
             raise ValueError("partial training and personal models need a node's own model")
         if trainable is None:
-            model = model_from_config(model_config)
-            loss = build_loss(loss_name, site.num_labels, [0.5] * site.num_labels)
-            trainable = Trainable(model, loss)
+            trainable = Trainable.with_loss(model_from_config(model_config), loss_name)
         self.trainable = trainable
         self.state_in_memory = state_in_memory
         if memory_budget is not None:  # partial training: the suffix the budget allows

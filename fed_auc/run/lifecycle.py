@@ -21,7 +21,6 @@ import torch
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.selection import BestModel, track_best_model
 from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.losses import build_loss
 from fed_auc.metrics.report import youden_threshold
 from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
@@ -54,8 +53,7 @@ def open_run(
     run_dir = Path(config.runs_dir) / run_id
     torch.manual_seed(config.seed)
     model = build_model(config.model, num_labels=sites.num_labels, norm=config.model_norm())
-    loss = build_loss(config.loss, sites.num_labels, [0.5] * sites.num_labels)
-    server = Trainable(model, loss)
+    server = Trainable.with_loss(model, config.loss)
     setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
     personalization = setup.personalization()
     personal = personalization.personal_names(server.names()) if personalization else ()

@@ -13,7 +13,6 @@ import torch
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.losses import build_loss
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
 from fed_auc.run.start import secure_aggregation
 from fed_auc.store.run_store import RunStore, git_revision
@@ -44,8 +43,7 @@ def warm_start(
     backend = build_backend("fedavg", **hyperparameters)
     warm_model = model_from_config(model.config())
     warm_model.load_state_dict(model.state_dict())
-    num_labels = model.num_labels
-    server = Trainable(warm_model, build_loss("ce", num_labels, [0.5] * num_labels))
+    server = Trainable.with_loss(warm_model, "ce")
     recorded = {**options, **(record or {}), "warmup_for": run_id}  # record: data_record
     warm_id = store.create_run("fedavg", recorded, git_revision())
     transport = transport_for(warm_id, hyperparameters)
