@@ -145,18 +145,19 @@ def _create_run(experiment: dict[str, Any]) -> str:
 
 
 def _mark_stopped(runs_dir: str, run_id: str, why: BaseException) -> None:
-    """A run still "running" after its coordinator stopped is failed (and resumable)."""
+    """Say in the run's events how to continue it, and fail a run still "running" after its
+    coordinator stopped (the ServerApp, stopped with it, may have recorded its failure first:
+    then only the event is added)."""
+    reason = "stopped by the operator" if isinstance(why, KeyboardInterrupt) else str(why)
     with RunStore(runs_dir) as store:
-        if store.run(run_id)["status"] != "running":
-            return  # the ServerApp recorded the failure itself
-        reason = "stopped by the operator" if isinstance(why, KeyboardInterrupt) else str(why)
         store.add_event(
             run_id,
             f"coordinator stopped: {reason}; continue with "
             f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`",
             level="error",
         )
-        store.finish_run(run_id, "failed", {"error": reason})
+        if store.run(run_id)["status"] == "running":
+            store.finish_run(run_id, "failed", {"error": reason})
 
 
 def _serve(
