@@ -17,6 +17,15 @@ from fed_auc.experiment.config import ExperimentConfig
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     """Every flag maps to an ``ExperimentConfig`` field of the same name (None: not given)."""
     p = sub.add_parser("simulate", help="run a federation on this machine (in-process nodes)")
+    _federation_options(p)
+    _backend_options(p)
+    _weak_site_options(p)
+    _protection_options(p)
+    _run_options(p)
+
+
+def _federation_options(p: argparse.ArgumentParser) -> None:
+    """The federation: which sites, how many rounds and steps, the network, the loss."""
     p.add_argument("--config", type=Path, help="TOML file whose keys are these options")
     p.add_argument(
         "--algorithm",
@@ -59,6 +68,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="seed for data, sampling and initialization")
     p.add_argument("--loss", help="auc_margin (default), auc_square, ce (fedavg only)")
     p.add_argument("--num-labels", type=int, help="number of findings (multi-label if > 1)")
+
+
+def _backend_options(p: argparse.ArgumentParser) -> None:
+    """The backend's hyperparameters and the batch floors."""
     p.add_argument("--gamma", type=float, help="proximal weight γ of CODA+/CODASCA (1/500)")
     p.add_argument("--eta-g", type=float, help="CODASCA server step η_g (default 1)")
     p.add_argument("--decay-every", type=int, help="T0: divide lr by 3 every T0 steps")
@@ -81,6 +94,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a further hyperparameter of the backend (repeatable), e.g. server_lr=0.5",
     )
+
+
+def _weak_site_options(p: argparse.ArgumentParser) -> None:
+    """Weak sites (partial training) and personal models."""
     p.add_argument(
         "--partial-training",
         action="store_true",
@@ -100,6 +117,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         help="--personalize head: head lr / shared lr (default: the number of sites)",
     )
+
+
+def _protection_options(p: argparse.ArgumentParser) -> None:
+    """Robust aggregation, differential privacy and secure aggregation."""
     p.add_argument(
         "--max-update-norm",
         type=float,
@@ -163,6 +184,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="SecAgg+: each site masks and shares with K neighbours on a ring graph (even K, or "
         "n − 1 for the full graph; default: 2⌈log₂ n⌉ of n sampled sites, full up to 7)",
     )
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The run: resume, warm-up, augmentation, export selection, hold-out, outputs."""
     p.add_argument(
         "--resume",
         metavar="RUN_ID",
