@@ -48,8 +48,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.anchors.libauc_compare import LIBAUC_DIR, import_libauc
 from benchmarks.common.fragment import emit, provenance
+from fed_auc.data.images import resize
 from fed_auc.data.medmnist import load_medmnist
-from fed_auc.data.pool import resize
 
 
 @dataclass(frozen=True)

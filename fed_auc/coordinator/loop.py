@@ -201,7 +201,7 @@ class Coordinator:
             record.lr = broadcast.config.get("lr", record.lr)
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
             if self._secure is not None:  # only sums reach the server: no per-site signals
-                self.state, valid = self._secure.train(self, phase, requests, rows, record)
+                self.state, valid = self._secure_phase(phase, requests, rows, record)
                 kept.update({reply.site: [round_, index] for reply in valid})
                 continue
             try:
@@ -239,6 +239,25 @@ class Coordinator:
         record.duration_s = time.perf_counter() - start
         self._finish_round(record, rows, kept)
         return record
+
+    def _secure_phase(
+        self,
+        phase: str,
+        requests: Mapping[str, Broadcast],
+        rows: dict[str, SiteRound],
+        record: RoundRecord,
+    ) -> tuple[ServerState, list[Reply]]:
+        """The phase as sums (``SecurePhase``), screened as the plain phase screens replies;
+        a failed session ends the round with ``phase_failure``'s error."""
+        from fed_auc.privacy.secure.messages import SecureAggregationError
+
+        def screen(answers, masked_requests, length: int) -> list[Reply]:
+            return self.screen(phase, answers, masked_requests, rows, record, length)
+
+        try:
+            return self._secure.run(self.state, requests, rows, record, screen)
+        except SecureAggregationError as exc:
+            raise self.phase_failure(phase, list(requests), rows, record, str(exc)) from exc
 
     def phase_failure(
         self,

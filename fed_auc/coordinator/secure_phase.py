@@ -16,7 +16,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -35,9 +35,6 @@ from fed_auc.privacy.secure.graph import neighbour_count
 from fed_auc.privacy.secure.messages import CONFIG_KEY, SecureAggregationError
 from fed_auc.privacy.secure.server import SecureServer, default_threshold
 from fed_auc.store.records import RoundRecord, SiteRound
-
-if TYPE_CHECKING:
-    from fed_auc.coordinator.loop import Coordinator
 
 # Options that need one site's update, refused with secure aggregation (name → why).
 REFUSED_OPTIONS = {
@@ -135,25 +132,6 @@ class SecurePhase:
     def threshold_for(self, sites: Sequence[str]) -> int:
         """Sites a sum of ``sites``' replies needs."""
         return self.settings.threshold_for(sites)
-
-    def train(
-        self,
-        coordinator: Coordinator,
-        phase: str,
-        requests: Mapping[str, Broadcast],
-        rows: dict[str, SiteRound],
-        record: RoundRecord,
-    ) -> tuple[ServerState, list[Reply]]:
-        """The coordinator's phase: its new state from the sum, and the replies in the sum;
-        a failed session ends the round with the coordinator's error (``phase_failure``)."""
-
-        def screen(answers, masked_requests, length: int) -> list[Reply]:
-            return coordinator.screen(phase, answers, masked_requests, rows, record, length)
-
-        try:
-            return self.run(coordinator.state, requests, rows, record, screen)
-        except SecureAggregationError as exc:
-            raise coordinator.phase_failure(phase, list(requests), rows, record, str(exc)) from exc
 
     def run(
         self,

@@ -44,9 +44,8 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
-
-from fed_auc.data.pool import resize
 
 ASPECTS = ("pad", "crop", "stretch")
 DEFAULT_ASPECT = "pad"
@@ -296,3 +295,12 @@ def image_report(
             more = f" and {len(hit) - EXAMPLES} more" if len(hit) > EXAMPLES else ""
             report["warnings"].append(f"{len(hit)} of {len(rows)} {what}: {named}{more}")
     return report
+
+
+def resize(images: torch.Tensor, size: int | None) -> torch.Tensor:
+    """Square-resize (N, 1, H, W) images to `size` (antialiased bilinear); None keeps them."""
+    if size is None or tuple(images.shape[-2:]) == (size, size):
+        return images
+    return F.interpolate(
+        images, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    ).clamp(0, 1)

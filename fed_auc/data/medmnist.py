@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fed_auc.data.images import resize
 from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
-from fed_auc.data.pool import SPLITS, ImagePool, resize
+from fed_auc.data.pool import SPLITS, ImagePool
 
 LICENSE = "CC BY 4.0 (MedMNIST v2; see the source dataset's own license)"
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from fed_auc.data.images import DEFAULT_ASPECT, image_report
 
 SPLITS = ("train", "val", "test")
 
@@ -77,16 +78,6 @@ class ImagePool:
         """The data card's account of how the images of `rows` were read (image files only)."""
         if self.flags is None or self.files is None:
             return None
-        from fed_auc.data.images import DEFAULT_ASPECT, image_report
-
         aspect = self.meta.get("aspect", DEFAULT_ASPECT)
         return image_report(self.flags, self.files, rows, aspect)
 
-
-def resize(images: torch.Tensor, size: int | None) -> torch.Tensor:
-    """Square-resize (N, 1, H, W) images to `size` (antialiased bilinear); None keeps them."""
-    if size is None or tuple(images.shape[-2:]) == (size, size):
-        return images
-    return F.interpolate(
-        images, size=(size, size), mode="bilinear", align_corners=False, antialias=True
-    ).clamp(0, 1)

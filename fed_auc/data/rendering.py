@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from fed_auc.data.synthetic import SiteProfile
 
 REFERENCE_SIZE = 28
 """`blur_sigma` and `noise_std` are given for 28 px images and scaled with image_size."""
@@ -208,8 +204,18 @@ def _effusion(
     return _AMPLITUDE["effusion"] * strength * fluid.sum(1, keepdim=True).clamp(max=1.0)
 
 
+@dataclass(frozen=True)
+class Scanner:
+    """A site's acquisition (``SiteProfile``'s scanner fields, at 28 px)."""
+
+    contrast: float
+    intensity_shift: float
+    blur_sigma: float
+    noise_std: float
+
+
 def apply_scanner(
-    gen: torch.Generator, patients: torch.Tensor, profile: SiteProfile, size: int
+    gen: torch.Generator, patients: torch.Tensor, scanner: Scanner, size: int
 ) -> torch.Tensor:
     """The site's acquisition: contrast, brightness, blur, noise, then the [0, 1] window.
 
@@ -218,10 +224,10 @@ def apply_scanner(
     is always drawn, so the same seed images the same patients on every scanner.
     """
     zoom = size / REFERENCE_SIZE
-    image = (patients - 0.5) * profile.contrast + 0.5 + profile.intensity_shift
-    image = _gaussian_blur(image, profile.blur_sigma * zoom)
+    image = (patients - 0.5) * scanner.contrast + 0.5 + scanner.intensity_shift
+    image = _gaussian_blur(image, scanner.blur_sigma * zoom)
     noise = torch.randn(image.shape, generator=gen)
-    return (image + profile.noise_std * zoom * noise).clamp(0.0, 1.0).contiguous()
+    return (image + scanner.noise_std * zoom * noise).clamp(0.0, 1.0).contiguous()
 
 
 def _gaussian_blur(image: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fed_auc.data.base import SiteData, Split, check_name
-from fed_auc.data.rendering import REFERENCE_SIZE, apply_scanner, render_patients
+from fed_auc.data.rendering import REFERENCE_SIZE, Scanner, apply_scanner, render_patients
 
 FINDINGS = ("opacity", "effusion", "cardiomegaly", "nodule", "consolidation")
 """Multi-label findings, each with its own visual signature; `num_labels=L` takes the first L."""
@@ -320,7 +320,10 @@ def _make_split(
     gen = torch.Generator().manual_seed(seed)
     labels = torch.stack([_exact_labels(gen, n, p) for p in prevalences], dim=1)
     patients = render_patients(gen, labels, label_names, size, profile.lesion_strength)
-    return Split(apply_scanner(gen, patients, profile, size), labels)
+    scanner = Scanner(
+        profile.contrast, profile.intensity_shift, profile.blur_sigma, profile.noise_std
+    )
+    return Split(apply_scanner(gen, patients, scanner, size), labels)
 
 
 def _exact_labels(gen: torch.Generator, n: int, prevalence: float) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.algorithms.base import validate_positive
@@ -24,10 +24,6 @@ from fed_auc.losses import LOSSES
 from fed_auc.models import ARCHITECTURES, NORMS
 from fed_auc.privacy.dp_sgd import DP_MODES
 from fed_auc.tta import TTA_MODES
-
-if TYPE_CHECKING:
-    from fed_auc.experiment.config import ExperimentConfig
-
 
 TRANSPORTS = ("local", "flower")
 WARMUP_HEADS = ("keep", "reset", "recenter")  # what the AUC phase starts from (warmup_head)
@@ -84,234 +80,238 @@ def check_at_least(name: str, value: Any, low: int, high: int | None = None) -> 
         raise ValueError(f"{name} must be an integer ≥ {low}{upper}, got {value!r}")
 
 
-def validate(config: ExperimentConfig) -> None:
-    """Fail early with the option name, the bad value and what was expected.
+class ExperimentChecks:
+    """``ExperimentConfig``'s checks, as a mixin: each option validated early, alone and
+    against the others, naming the option, the bad value and what was expected."""
 
-    Before the data's kind is known (Flower, before the nodes register) the options it fills
-    in are checked as either kind would fill them: refused only if both refuse (image files'
-    reason shown); ``with_data_kind`` checks again once the kind is known."""
-    if config.data_defaults_pending():
-        errors = []
-        for synthetic in (False, True):
-            filled = copy.copy(config)
-            filled._fill_data_defaults(synthetic)
-            try:
-                return validate(filled)
-            except ValueError as exc:
-                errors.append(exc)
-        raise errors[0]
-    for f in dataclasses.fields(config):
-        check_type(f.name, getattr(config, f.name), f.type)
-    check_choice("algorithm", config.algorithm, sorted(ALGORITHMS))
-    check_choice("loss", config.loss, LOSSES)
-    check_choice("model", config.model, sorted(ARCHITECTURES))
-    if ALGORITHMS[config.algorithm].needs_minimax_loss and config.loss == "ce":
-        raise ValueError(
-            f"algorithm {config.algorithm!r} is a min-max AUC method: use --loss auc_margin "
-            "or auc_square (cross-entropy works with fedavg only)"
-        )
-    check_choice("transport", config.transport, TRANSPORTS)
-    check_sites_option(config)
-    synthetic = parse_data_spec(config.data).kind == "synthetic"
-    check_at_least("sites", config.sites, 1, MAX_SYNTHETIC_SITES if synthetic else None)
-    if config.partition is not None:
-        parse_partition(config.partition)
-    check_choice("uncertain", config.uncertain, list(UNCERTAIN_POLICIES))
-    check_choice("aspect", config.aspect, ["pad", "crop", "stretch"])
-    validate_positive_label(config.positive_label)
-    validate_positive_class(config.positive_class)
-    if synthetic and config.positive_class is not None:
-        raise ValueError(
-            f"positive_class {config.positive_class!r} names a file source's positive class; "
-            "the synthetic federation's positives are its findings"
-        )
-    if synthetic and config.positive_label is not None:
-        raise ValueError(
-            f"positive_label {config.positive_label!r} applies to file sources (--data "
-            "medmnist:PATH or csv:PATH); the synthetic federation's positives are its findings"
-        )
-    parse_select(config.select or "best_val")
-    if config.augment is not None:
-        check_choice("augment", config.augment, list(AUGMENTATIONS))
-    if config.tta is not None:
-        check_choice("tta", config.tta, list(TTA_MODES))
-    check_at_least("warmup_rounds", config.warmup_rounds, 0)
-    if config.warmup_head is not None:
-        check_choice("warmup_head", config.warmup_head, WARMUP_HEADS)
-    if config.warmup_head not in (None, "keep") and not config.warmup_rounds:
-        raise ValueError(
-            f"warmup_head = {config.warmup_head!r} needs warmup_rounds ≥ 1 (a warm-up whose "
-            "classifier to change)"
-        )
-    if not (math.isfinite(config.feature_shift) and config.feature_shift >= 0):
-        raise ValueError(f"feature_shift must be >= 0, got {config.feature_shift!r}")
-    check_at_least("rounds", config.rounds, 1)
-    check_at_least("eval_every", config.eval_every, 1)
-    check_at_least("local_steps", config.local_steps, 1)
-    check_at_least("batch_size", config.batch_size, 2)
-    check_at_least("image_size", config.image_size, 16, 512)
-    check_at_least("num_labels", config.num_labels, 1, 5)
-    if not 0 < config.participation <= 1:
-        raise ValueError(f"participation must be in (0, 1], got {config.participation!r}")
-    if not 0 <= config.min_pos_fraction < 1:
-        raise ValueError(f"min_pos_fraction must be in [0, 1), got {config.min_pos_fraction!r}")
-    if config.min_neg_fraction is not None and not 0 <= config.min_neg_fraction < 1:
-        raise ValueError(f"min_neg_fraction must be in [0, 1), got {config.min_neg_fraction!r}")
-    floors = math.ceil(config.min_pos_fraction * config.batch_size) + math.ceil(
-        (config.min_neg_fraction or 0) * config.batch_size
-    )
-    if floors > config.batch_size:
-        raise ValueError(
-            f"min_pos_fraction {config.min_pos_fraction!r} and min_neg_fraction "
-            f"{config.min_neg_fraction!r} floor {floors} rows of a batch of {config.batch_size}"
-        )
-    if not (math.isfinite(config.data_scale) and config.data_scale > 0):
-        raise ValueError(f"data_scale must be > 0, got {config.data_scale!r}")
-    if config.site_local_steps is not None and len(config.site_local_steps) != config.sites:
-        raise ValueError(
-            f"site_local_steps needs one value per site ({config.sites}), "
-            f"got {config.site_local_steps!r}"
-        )
-    if config.site_local_steps is not None and config.local_steps_range is not None:
-        raise ValueError("give site_local_steps or local_steps_range, not both")
-    config.local_work([f"site{i}" for i in range(config.sites)])  # parses the range
-    Aggregation.parse(config.aggregation)
-    if config.max_update_norm is not None:
-        validate_positive("max_update_norm", config.max_update_norm)
-    check_dp(config)
-    if config.site_memory is not None and not config.partial_training:
-        raise ValueError("site_memory needs partial_training (--partial-training)")
-    for i, budget in enumerate(config.memory_budgets()):
-        if budget is not None:
-            parse_budget(budget, f"site_memory[{i}]")
-    if config.site_memory is not None and len(config.site_memory) != config.sites:
-        raise ValueError(
-            f"site_memory needs one budget per site ({config.sites}), got {config.site_memory!r}"
-        )
-    personalization = config.personalization()
-    if personalization is not None:
-        personalization.check_backend(
-            build_backend(config.algorithm, **config.backend_hyperparameters())
-        )
-    backend = build_backend(config.algorithm, **config.backend_hyperparameters())  # validates
-    Aggregation.parse(config.aggregation).check_backend(backend)
-    if config.dp != "example" and config.dp_clip is not None and backend.refuses_update_dp:
-        raise ValueError(
-            f"dp_clip cannot be used with {config.algorithm!r}: {backend.refuses_update_dp}"
-        )
-    check_secure_aggregation(config, backend)
+    def validate(self) -> None:
+        """Fail early with the option name, the bad value and what was expected.
 
-
-def check_secure_aggregation(config: ExperimentConfig, backend) -> None:
-    """Refuse, by name and with the reason, what secure aggregation cannot do."""
-    if not config.secure_aggregation:
-        for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
-            if getattr(config, name) is not None:
-                raise ValueError(f"{name} needs secure_aggregation")
-        return
-    try:
-        from fed_auc.coordinator.secure_phase import SecureAggregation, refuse_options
-    except ImportError as exc:
-        raise ValueError(
-            f"secure_aggregation needs the cryptography and flwr packages ({exc}): "
-            "pip install 'fed-auc[secure-aggregation]'"
-        ) from None
-
-    settings = SecureAggregation(
-        config.secure_aggregation_threshold, config.secure_aggregation_neighbours
-    )
-    refuse_options(config.aggregation, config.max_update_norm, backend)
-    if config.transport != "local":
-        return  # the sites are known once they register (the coordinator checks)
-    sampled = max(1, math.ceil(config.participation * config.sites))
-    if sampled < 2:
-        raise ValueError(
-            f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
-            f"{config.sites} sites are sampled (participation {config.participation})"
-        )
-    try:
-        k = settings.neighbours_for([""] * sampled)
-    except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
-        raise ValueError(str(exc)) from None
-    threshold = settings.threshold_for([""] * sampled)
-    if threshold > k + 1:
-        raise ValueError(
-            f"secure_aggregation_threshold {threshold} is larger than a site's "
-            f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
-            f"({config.sites} sites, participation {config.participation})"
-        )
-
-
-def check_dp(config: ExperimentConfig) -> None:
-    if config.dp is not None:
-        check_choice("dp", config.dp, DP_MODES)
-    if config.norm is not None:
-        check_choice("norm", config.norm, NORMS)
-    if config.dp == "example" and config.norm == "batch":
-        raise ValueError(
-            "norm = 'batch' cannot be used with dp = 'example': BatchNorm mixes the examples "
-            "of a batch, so no gradient is one example's; use norm = 'group'"
-        )
-    if config.dp == "example":
-        if config.dp_clip is None:
-            raise ValueError("dp = 'example' needs dp_clip (C, each example's clip norm)")
-        config.example_dp()  # validates dp_clip, dp_noise / target_epsilon and dp_delta
-        if config.warmup_rounds:
+        Before the data's kind is known (Flower, before the nodes register) the options it fills
+        in are checked as either kind would fill them: refused only if both refuse (image files'
+        reason shown); ``with_data_kind`` checks again once the kind is known."""
+        if self.data_defaults_pending():
+            errors = []
+            for synthetic in (False, True):
+                filled = copy.copy(self)
+                filled._fill_data_defaults(synthetic)
+                try:
+                    return filled.validate()
+                except ValueError as exc:
+                    errors.append(exc)
+            raise errors[0]
+        for f in dataclasses.fields(self):
+            check_type(f.name, getattr(self, f.name), f.type)
+        check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
+        check_choice("loss", self.loss, LOSSES)
+        check_choice("model", self.model, sorted(ARCHITECTURES))
+        if ALGORITHMS[self.algorithm].needs_minimax_loss and self.loss == "ce":
             raise ValueError(
-                f"warmup_rounds = {config.warmup_rounds}: the warm-up trains on site data "
-                "outside the run's DP accountant; set it to 0 with dp = 'example'"
+                f"algorithm {self.algorithm!r} is a min-max AUC method: use --loss auc_margin "
+                "or auc_square (cross-entropy works with fedavg only)"
             )
-        return
-    if config.dp_clip is None:
-        if config.dp == "update":
-            raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
-        if config.dp_noise:
-            raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
-        if config.target_epsilon is not None:
+        check_choice("transport", self.transport, TRANSPORTS)
+        self._check_sites_option()
+        synthetic = parse_data_spec(self.data).kind == "synthetic"
+        check_at_least("sites", self.sites, 1, MAX_SYNTHETIC_SITES if synthetic else None)
+        if self.partition is not None:
+            parse_partition(self.partition)
+        check_choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
+        check_choice("aspect", self.aspect, ["pad", "crop", "stretch"])
+        validate_positive_label(self.positive_label)
+        validate_positive_class(self.positive_class)
+        if synthetic and self.positive_class is not None:
             raise ValueError(
-                f"target_epsilon = {config.target_epsilon!r} needs dp_clip (dp = 'update' or "
-                "'example')"
+                f"positive_class {self.positive_class!r} names a file source's positive class; "
+                "the synthetic federation's positives are its findings"
             )
-        return
-    if not config.update_dp().accounted:  # validates dp_clip, dp_noise / target_epsilon, δ
-        return  # clipping only: no noise, no ε
-    if config.norm == "batch":
-        raise ValueError(
-            "norm = 'batch' cannot be used with dp = 'update' and noise: BatchNorm's running "
-            "statistics leave the node un-noised, outside the accountant; use norm = 'group'"
+        if synthetic and self.positive_label is not None:
+            raise ValueError(
+                f"positive_label {self.positive_label!r} applies to file sources (--data "
+                "medmnist:PATH or csv:PATH); the synthetic federation's positives are its findings"
+            )
+        parse_select(self.select or "best_val")
+        if self.augment is not None:
+            check_choice("augment", self.augment, list(AUGMENTATIONS))
+        if self.tta is not None:
+            check_choice("tta", self.tta, list(TTA_MODES))
+        check_at_least("warmup_rounds", self.warmup_rounds, 0)
+        if self.warmup_head is not None:
+            check_choice("warmup_head", self.warmup_head, WARMUP_HEADS)
+        if self.warmup_head not in (None, "keep") and not self.warmup_rounds:
+            raise ValueError(
+                f"warmup_head = {self.warmup_head!r} needs warmup_rounds ≥ 1 (a warm-up whose "
+                "classifier to change)"
+            )
+        if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
+            raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
+        check_at_least("rounds", self.rounds, 1)
+        check_at_least("eval_every", self.eval_every, 1)
+        check_at_least("local_steps", self.local_steps, 1)
+        check_at_least("batch_size", self.batch_size, 2)
+        check_at_least("image_size", self.image_size, 16, 512)
+        check_at_least("num_labels", self.num_labels, 1, 5)
+        if not 0 < self.participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {self.participation!r}")
+        if not 0 <= self.min_pos_fraction < 1:
+            raise ValueError(f"min_pos_fraction must be in [0, 1), got {self.min_pos_fraction!r}")
+        if self.min_neg_fraction is not None and not 0 <= self.min_neg_fraction < 1:
+            raise ValueError(f"min_neg_fraction must be in [0, 1), got {self.min_neg_fraction!r}")
+        floors = math.ceil(self.min_pos_fraction * self.batch_size) + math.ceil(
+            (self.min_neg_fraction or 0) * self.batch_size
         )
-    if config.warmup_rounds:
-        raise ValueError(
-            f"warmup_rounds = {config.warmup_rounds}: the warm-up trains on site data "
-            "outside the run's DP accountant; set it to 0 with dp = 'update' and noise"
-        )
+        if floors > self.batch_size:
+            raise ValueError(
+                f"min_pos_fraction {self.min_pos_fraction!r} and min_neg_fraction "
+                f"{self.min_neg_fraction!r} floor {floors} rows of a batch of {self.batch_size}"
+            )
+        if not (math.isfinite(self.data_scale) and self.data_scale > 0):
+            raise ValueError(f"data_scale must be > 0, got {self.data_scale!r}")
+        if self.site_local_steps is not None and len(self.site_local_steps) != self.sites:
+            raise ValueError(
+                f"site_local_steps needs one value per site ({self.sites}), "
+                f"got {self.site_local_steps!r}"
+            )
+        if self.site_local_steps is not None and self.local_steps_range is not None:
+            raise ValueError("give site_local_steps or local_steps_range, not both")
+        self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
+        Aggregation.parse(self.aggregation)
+        if self.max_update_norm is not None:
+            validate_positive("max_update_norm", self.max_update_norm)
+        self._check_dp()
+        if self.site_memory is not None and not self.partial_training:
+            raise ValueError("site_memory needs partial_training (--partial-training)")
+        for i, budget in enumerate(self.memory_budgets()):
+            if budget is not None:
+                parse_budget(budget, f"site_memory[{i}]")
+        if self.site_memory is not None and len(self.site_memory) != self.sites:
+            raise ValueError(
+                f"site_memory needs one budget per site ({self.sites}), got {self.site_memory!r}"
+            )
+        personalization = self.personalization()
+        if personalization is not None:
+            personalization.check_backend(
+                build_backend(self.algorithm, **self.backend_hyperparameters())
+            )
+        backend = build_backend(self.algorithm, **self.backend_hyperparameters())  # validates
+        Aggregation.parse(self.aggregation).check_backend(backend)
+        if self.dp != "example" and self.dp_clip is not None and backend.refuses_update_dp:
+            raise ValueError(
+                f"dp_clip cannot be used with {self.algorithm!r}: {backend.refuses_update_dp}"
+            )
+        self._check_secure_aggregation(backend)
 
 
-def check_sites_option(config: ExperimentConfig) -> None:
-    """Options that describe a simulated federation: refused where sites own their data."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    simulated = [
-        name
-        for name in SIMULATED_FEDERATION
-        if name != "sites" and getattr(config, name) != defaults[name]
-    ]
-    if config.transport == "flower":
-        simulated += ["sites"] if config.sites != defaults["sites"] else []
-        if simulated:
+    def _check_secure_aggregation(self, backend) -> None:
+        """Refuse, by name and with the reason, what secure aggregation cannot do."""
+        if not self.secure_aggregation:
+            for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} needs secure_aggregation")
+            return
+        try:
+            from fed_auc.coordinator.secure_phase import SecureAggregation, refuse_options
+        except ImportError as exc:
             raise ValueError(
-                f"{sorted(simulated)} describe a simulated federation; over Flower each "
-                "node owns its data (its site file): remove them"
+                f"secure_aggregation needs the cryptography and flwr packages ({exc}): "
+                "pip install 'fed-auc[secure-aggregation]'"
+            ) from None
+
+        settings = SecureAggregation(
+            self.secure_aggregation_threshold, self.secure_aggregation_neighbours
+        )
+        refuse_options(self.aggregation, self.max_update_norm, backend)
+        if self.transport != "local":
+            return  # the sites are known once they register (the coordinator checks)
+        sampled = max(1, math.ceil(self.participation * self.sites))
+        if sampled < 2:
+            raise ValueError(
+                f"secure_aggregation needs at least 2 sampled sites: {sampled} of "
+                f"{self.sites} sites are sampled (participation {self.participation})"
             )
-        return
-    if config.site_files is None:
-        return
-    if not isinstance(config.site_files, list) or not config.site_files:
-        raise ValueError(
-            f"site_files must be a non-empty list of paths, got {config.site_files!r}"
-        )
-    clash = [name for name in simulated if name not in ("data_scale", "site_files")]
-    if clash:
-        raise ValueError(
-            f"site_files define each site's data and node; {sorted(clash)} cannot be "
-            "given with them (set them in the site files)"
-        )
+        try:
+            k = settings.neighbours_for([""] * sampled)
+        except RuntimeError as exc:  # SecureAggregationError, loaded only with the option
+            raise ValueError(str(exc)) from None
+        threshold = settings.threshold_for([""] * sampled)
+        if threshold > k + 1:
+            raise ValueError(
+                f"secure_aggregation_threshold {threshold} is larger than a site's "
+                f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
+                f"({self.sites} sites, participation {self.participation})"
+            )
+
+
+    def _check_dp(self) -> None:
+        if self.dp is not None:
+            check_choice("dp", self.dp, DP_MODES)
+        if self.norm is not None:
+            check_choice("norm", self.norm, NORMS)
+        if self.dp == "example" and self.norm == "batch":
+            raise ValueError(
+                "norm = 'batch' cannot be used with dp = 'example': BatchNorm mixes the examples "
+                "of a batch, so no gradient is one example's; use norm = 'group'"
+            )
+        if self.dp == "example":
+            if self.dp_clip is None:
+                raise ValueError("dp = 'example' needs dp_clip (C, each example's clip norm)")
+            self.example_dp()  # validates dp_clip, dp_noise / target_epsilon and dp_delta
+            if self.warmup_rounds:
+                raise ValueError(
+                    f"warmup_rounds = {self.warmup_rounds}: the warm-up trains on site data "
+                    "outside the run's DP accountant; set it to 0 with dp = 'example'"
+                )
+            return
+        if self.dp_clip is None:
+            if self.dp == "update":
+                raise ValueError("dp = 'update' needs dp_clip (C, the update's clip norm)")
+            if self.dp_noise:
+                raise ValueError("dp_noise needs dp_clip (the noise is σ · C)")
+            if self.target_epsilon is not None:
+                raise ValueError(
+                    f"target_epsilon = {self.target_epsilon!r} needs dp_clip (dp = 'update' or "
+                    "'example')"
+                )
+            return
+        if not self.update_dp().accounted:  # validates dp_clip, dp_noise / target_epsilon, δ
+            return  # clipping only: no noise, no ε
+        if self.norm == "batch":
+            raise ValueError(
+                "norm = 'batch' cannot be used with dp = 'update' and noise: BatchNorm's running "
+                "statistics leave the node un-noised, outside the accountant; use norm = 'group'"
+            )
+        if self.warmup_rounds:
+            raise ValueError(
+                f"warmup_rounds = {self.warmup_rounds}: the warm-up trains on site data "
+                "outside the run's DP accountant; set it to 0 with dp = 'update' and noise"
+            )
+
+
+    def _check_sites_option(self) -> None:
+        """Options that describe a simulated federation: refused where sites own their data."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        simulated = [
+            name
+            for name in SIMULATED_FEDERATION
+            if name != "sites" and getattr(self, name) != defaults[name]
+        ]
+        if self.transport == "flower":
+            simulated += ["sites"] if self.sites != defaults["sites"] else []
+            if simulated:
+                raise ValueError(
+                    f"{sorted(simulated)} describe a simulated federation; over Flower each "
+                    "node owns its data (its site file): remove them"
+                )
+            return
+        if self.site_files is None:
+            return
+        if not isinstance(self.site_files, list) or not self.site_files:
+            raise ValueError(
+                f"site_files must be a non-empty list of paths, got {self.site_files!r}"
+            )
+        clash = [name for name in simulated if name not in ("data_scale", "site_files")]
+        if clash:
+            raise ValueError(
+                f"site_files define each site's data and node; {sorted(clash)} cannot be "
+                "given with them (set them in the site files)"
+            )

@@ -16,11 +16,7 @@ from fed_auc.algorithms.base import DUAL_LR_PREVALENCE
 from fed_auc.algorithms.personal import Personalization
 from fed_auc.coordinator.local_work import LocalWork
 from fed_auc.data.spec import parse_data_spec
-from fed_auc.experiment.checks import (
-    PREVALENCE_DUAL_STEP,
-    check_type,
-    validate,
-)
+from fed_auc.experiment.checks import PREVALENCE_DUAL_STEP, ExperimentChecks, check_type
 from fed_auc.node.setup import NodeSetup
 from fed_auc.privacy.accounting import RELATIONS
 from fed_auc.privacy.dp_sgd import ExampleDP
@@ -40,7 +36,7 @@ FILE_RECIPE = {"model": "small", "lr": 0.2, "warmup_rounds": 10}
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(ExperimentChecks):
     """Every knob of an experiment, for ``fed-auc simulate`` and ``fed-auc coordinator``
     alike. Defaults follow DESIGN.md and the reference code.
 
@@ -177,6 +173,7 @@ class ExperimentConfig:
     # External validation (fed_auc.run.holdout): these sites never train; after training the
     # exported model is scored at every site. [] scores it everywhere with none held out.
     hold_out: list[str] | None = None
+
     def __post_init__(self) -> None:
         if self.loss is None:
             self.loss = "ce" if self.algorithm == "fedavg" else "auc_margin"
@@ -187,7 +184,8 @@ class ExperimentConfig:
         synthetic = self.data_is_synthetic()
         if synthetic is not None:
             self._fill_data_defaults(synthetic)
-        validate(self)
+        self.validate()
+
     def data_is_synthetic(self) -> bool | None:
         """Whether the sites' images are generated; None while unknown (Flower, before the
         nodes register). Site files count as image files unless all of them are synthetic."""
@@ -198,12 +196,14 @@ class ExperimentConfig:
 
             return all(site.synthetic for site in load_site_files(self.site_files))
         return parse_data_spec(self.data).kind == "synthetic"
+
     def with_data_kind(self, synthetic: bool) -> ExperimentConfig:
         """A copy with the data-dependent defaults filled in (Flower: after registration)."""
         config = dataclasses.replace(self)
         config._fill_data_defaults(synthetic)
-        validate(config)
+        config.validate()
         return config
+
     def data_defaults_pending(self) -> bool:
         """Whether options still wait for the data's kind (Flower, before registration)."""
         return None in (self.model, self.lr, self.warmup_rounds)
@@ -250,6 +250,7 @@ class ExperimentConfig:
             rounds=self.rounds,
             local_steps=steps,
         )
+
     def update_dp(self) -> UpdateDP | None:
         """Update-level DP's settings (dp_clip without dp = 'example'), planned for every
         round's phases (``PrivateUpdates``): a site may take part in all of them."""
@@ -262,12 +263,14 @@ class ExperimentConfig:
             target_epsilon=self.target_epsilon,
             rounds=self.rounds,
         )
+
     def dp_relation(self) -> str | None:
         """The neighbouring relation this run's ε is for (None: no ε is accounted)."""
         if self.dp == "example":
             return RELATIONS["example"]
         update = self.update_dp()
         return RELATIONS["update"] if update is not None and update.accounted else None
+
     def model_norm(self) -> str:
         """The network's normalization: GroupNorm under DP-SGD (BatchNorm mixes examples) and
         under noised update-level DP (BatchNorm's statistics would leave un-noised)."""
@@ -292,14 +295,17 @@ class ExperimentConfig:
         if self.stage_output is not None:  # refused by backends without stages
             common["stage_output"] = self.stage_output
         return {**common, **self.backend_options}
+
     def augmentation(self) -> str:
         """The augmentation in effect (filled in with the data's default once it is known)."""
         if self.augment is None:
             raise ValueError("augment is not known before the data's kind (with_data_kind)")
         return self.augment
+
     def test_time_augmentation(self) -> str:
         """The TTA in effect: the chosen one, or flip when the training batches are flipped."""
         return default_tta(self.augmentation()) if self.tta is None else self.tta
+
     def memory_budgets(self) -> list[float | int | str | None]:
         """Per-site budgets: given, or strong (full), moderate (40 %) and weak (15 %) sites."""
         if not self.partial_training:
@@ -308,6 +314,7 @@ class ExperimentConfig:
             return list(self.site_memory)
         tier = self.sites // 3
         return [1.0] * (self.sites - 2 * tier) + [0.4] * tier + [0.15] * tier
+
     def personalization(self, num_sites: int | None = None) -> Personalization | None:
         """LSGD-PFL's setting; the head's lr ratio defaults to the number of sites M."""
         if self.personalize is None:
@@ -316,6 +323,7 @@ class ExperimentConfig:
         if ratio is None:
             ratio = self.sites if num_sites is None else num_sites
         return Personalization(self.personalize, self.personal_lambda, ratio)
+
     def node_setup(
         self, run_id: str, model_config: dict[str, Any], num_labels: int, num_sites: int
     ) -> NodeSetup:
@@ -344,6 +352,7 @@ class ExperimentConfig:
             personal_lambda=self.personal_lambda,
             personal_lr_ratio=personalization.lr_ratio if personalization else 1.0,
         )
+
     def local_work(
         self, site_names: list[str], fixed: dict[str, int] | None = None
     ) -> LocalWork | None:
@@ -356,6 +365,7 @@ class ExperimentConfig:
             work = LocalWork.from_range(self.local_steps_range, seed=self.seed)
             return dataclasses.replace(work, fixed=fixed)
         return LocalWork(fixed=fixed) if fixed else None
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
