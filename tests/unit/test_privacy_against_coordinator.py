@@ -28,12 +28,17 @@ import pytest
 import torch
 
 from fed_auc.algorithms import build_backend
+from fed_auc.data.base import Split
+from fed_auc.data.poisson import PoissonBatches
 from fed_auc.exchange import Broadcast, Reply
 from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.io import load_state
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.privacy.accounting import LEDGER_FILE, SECRET_FILE
+from fed_auc.node.setup import SEED_STRIDE
+from fed_auc.privacy.accounting import LEDGER_FILE, SECRET_FILE, NodeSecret
 from fed_auc.simulation import run_simulation
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import WEIGHT, Trainable
 from fed_auc.transport.local import LocalTransport
 from tests.support.flower_like import FlowerLikeTransport, _over_worker, _site_files
@@ -217,3 +222,31 @@ def test_the_secret_stays_on_the_node_and_the_sample_is_drawn_from_it(tmp_path, 
             assert all(secret not in t.numpy().tobytes() for t in reply.tensors.values())
     secrets = {(d / SECRET_FILE).read_bytes() for d in nodes.values()}
     assert len(secrets) == len(nodes)  # each node its own
+
+
+def test_the_coordinator_cannot_predict_which_rows_dp_sgd_sampled(tmp_path):
+    """Amplification by subsampling holds only while the sample is secret. The coordinator
+    knows the run's seed, each site's size (registration) and how many steps it asked for: it
+    replays the Poisson sampler from every seed a site's index could give (as the sampler was
+    seeded before) and compares the generator state the node ended with. No replay matches;
+    the node's own secret-seeded sampler does (the test can fail)."""
+    nodes = _in_process(tmp_path, {**EXAMPLE_DP, "sites": 2, "data_scale": 0.15})
+    with RunStore(tmp_path / "sim") as store:
+        run_id = store.runs()["id"].iloc[0]
+        sizes = store.site_rounds(run_id).query("round == 1").set_index("site")["n"]
+    steps = SMALL["rounds"] * SMALL["local_steps"]
+    for site, state_dir in nodes.items():
+        saved = max(state_dir.glob("local_state*.pt"), key=lambda p: p.stat().st_mtime)
+        ended = load_state(saved)["sampler"]["generator"]
+
+        def replay(seed: int, n: int = int(sizes[site])) -> torch.Tensor:
+            split = Split(torch.zeros(n, 1, 2, 2), (torch.arange(n) % 4 == 0).float()[:, None])
+            sampler = PoissonBatches(split, SMALL["batch_size"], seed=seed)
+            for _ in range(steps):
+                next(sampler)
+            return sampler.state_dict()["generator"]
+
+        guesses = [SMALL["seed"] * SEED_STRIDE + index for index in range(len(nodes))]
+        assert not any(torch.equal(replay(seed), ended) for seed in guesses), site
+        secret = NodeSecret(state_dir)  # the node's own: what it really seeded
+        assert torch.equal(replay(secret.seed("sampler")), ended), site
