@@ -24,8 +24,7 @@ from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
 from fed_auc.models import model_from_config
 from fed_auc.node.build import build_node
-from fed_auc.node.node import Node
-from fed_auc.node.setup import NodeSetup, check_batch_size
+from fed_auc.node.setup import NodeSetup, SiteHosting, check_batch_size
 from fed_auc.run.holdout import check_hold_out, evaluate_export
 from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
@@ -53,14 +52,10 @@ class Federation:
 
 @dataclass
 class InProcessSite:
-    """A site as simulate runs it: its data and what its node is built with."""
+    """A site as simulate runs it: its data and what its operator chose for its node."""
 
     data: SiteData
-    seed_index: int
-    memory_budget: float | int | str | None = None
-    augment: str | None = None
-    tta: str | None = None
-    local_steps: int | None = None
+    hosting: SiteHosting
 
 
 def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite], dict | None]:
@@ -84,18 +79,18 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         aspect=config.aspect,
         positive_class=config.positive_class,
     )
-    budgets = config.memory_budgets()
-    return [InProcessSite(s, i, b) for i, (s, b) in enumerate(zip(sites, budgets, strict=True))], (
-        manifest
-    )
+    synthetic = bool(config.data_is_synthetic())
+    hosted = [
+        InProcessSite(s, SiteHosting(s.name, i, (i, s.name), synthetic, memory_budget=b))
+        for i, (s, b) in enumerate(zip(sites, config.memory_budgets(), strict=True))
+    ]
+    return hosted, manifest
 
 
 def _from_file(site: SiteDefinition, config: ExperimentConfig) -> InProcessSite:
     data = site.load(config.image_size, config.num_labels, config.seed, config.data_scale)
     check_site_data(site, data)
-    return InProcessSite(
-        data, site.seed_index, site.budget(), site.augment, site.tta, site.local_steps
-    )
+    return InProcessSite(data, site.hosting())
 
 
 def build_federation(
@@ -118,7 +113,9 @@ def build_federation(
         cards={s.name: site_summary(s) for s in data},
         num_labels=common_label_count({s.name: s.label_names for s in data}),
         expected=len(sites),
-        fixed_steps={s.data.name: s.local_steps for s in sites if s.local_steps is not None},
+        fixed_steps={
+            s.data.name: s.hosting.local_steps for s in sites if s.hosting.local_steps is not None
+        },
         # what the run really runs on (as a Flower run on the same site files records it)
         record=data_record([data_card(s) for s in data], config.site_files is not None),
     )
@@ -135,12 +132,12 @@ def build_federation(
             save_json(manifest, run_dir / PARTITION_FILE)
 
         def nodes_for(setup: NodeSetup, folder: str) -> LocalTransport:
-            return LocalTransport(_nodes(setup, sites, run_dir / folder))
+            return _transport(setup, sites, run_dir / folder)
 
         coordinator, setup = open_run(config, store, run_id, run_sites, nodes_for, resuming)
         every_site = None
         if config.hold_out is not None:
-            every_site = LocalTransport(_nodes(setup, everyone, run_dir / "evaluation_nodes"))
+            every_site = _transport(setup, everyone, run_dir / "evaluation_nodes")
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
@@ -149,7 +146,7 @@ def build_federation(
     )
 
 
-def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[Node]:
+def _transport(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> LocalTransport:
     """One in-process node per site, its local state under ``run_dir/nodes/<site>``.
 
     Nodes run one after another, so unless a site trains its own part of the model (partial
@@ -160,21 +157,18 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
     shared = None
     if setup.personalization() is None and not setup.partial_training:
         shared = Trainable.with_loss(model_from_config(setup.model_config), setup.loss)
-    return [
+    nodes = [
         build_node(
             setup,
             site.data,
-            site.seed_index,
+            site.hosting,
             run_dir / "nodes" / site.data.name,
-            memory_budget=site.memory_budget,
-            augment=site.augment,
-            tta=site.tta,
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
-            local_steps=site.local_steps,
         )
         for site in sites
     ]
+    return LocalTransport(nodes, [site.hosting for site in sites])
 
 
 def run_simulation(

@@ -48,6 +48,7 @@ from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
+from fed_auc.node.setup import SiteHosting
 from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (
@@ -181,6 +182,19 @@ class SiteDefinition:
             raise ValueError(f"{self.path}: {exc}") from None
         site.meta["site_file"] = str(self.path)
         return site
+
+    def hosting(self) -> SiteHosting:
+        """What this file decides for its node, the memory budget resolved now."""
+        return SiteHosting(
+            name=self.name,
+            seed_index=self.seed_index,
+            order=self.order,
+            synthetic=self.synthetic,
+            memory_budget=self.budget(),
+            augment=self.augment,
+            tta=self.tta,
+            local_steps=self.local_steps,
+        )
 
     def budget(self) -> float | int | str | None:
         """The memory budget in bytes or as a fraction; ``auto``: the memory free right now."""

@@ -68,10 +68,8 @@ def evaluation_times(federation: str, model_path: str, runs: Path, repeats: int)
     model, card = load_registered_model(model_path)
     request, tensors, _ = model_request(model_path, ["test"], 1000, 0)
     setup = config.node_setup("timing", request.model_config, 1, len(sites))
-    nodes = [
-        build_node(setup, s.data, i, runs / "timing" / s.data.name) for i, s in enumerate(sites)
-    ]
-    transport = LocalTransport(nodes)
+    nodes = [build_node(setup, s.data, s.hosting, runs / "timing" / s.data.name) for s in sites]
+    transport = LocalTransport(nodes, [s.hosting for s in sites])
     names = [s.data.name for s in sites]
     splits = {s.data.name: s.data.test for s in sites}
     federated, local = [], []

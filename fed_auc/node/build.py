@@ -9,7 +9,7 @@ from pathlib import Path
 from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData
 from fed_auc.node.node import Node
-from fed_auc.node.setup import SEED_STRIDE, NodeSetup, check_batch_size
+from fed_auc.node.setup import SEED_STRIDE, NodeSetup, SiteHosting, check_batch_size
 from fed_auc.privacy.dp_sgd import ExampleDP
 from fed_auc.privacy.update_dp import UpdateDP
 from fed_auc.trainable import Trainable
@@ -18,26 +18,22 @@ from fed_auc.trainable import Trainable
 def build_node(
     setup: NodeSetup,
     data: SiteData,
-    seed_index: int,
+    hosting: SiteHosting,
     state_dir: str | Path,
-    memory_budget: float | int | str | None = None,
-    augment: str | None = None,
-    tta: str | None = None,
     trainable: Trainable | None = None,
     state_in_memory: bool = True,
-    local_steps: int | None = None,
 ) -> Node:
-    """The node of one site. ``memory_budget`` counts only under partial training;
-    ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
-    warm model shared by in-process nodes (never with partial training or personal models);
-    ``local_steps``: the site's own τ_i (its file), which DP's planner plans for."""
+    """The node of one site. The site's memory budget counts only under partial training;
+    its augment/tta win over the experiment's; ``trainable``: a warm model shared by
+    in-process nodes (never with partial training or personal models); its τ_i is what DP's
+    planner plans for."""
     check_batch_size(data, setup.batch_size)
     privacy = example = None
     if setup.example_dp is not None:
         example = ExampleDP(**setup.example_dp)
     elif setup.update_dp is not None:
         privacy = UpdateDP(**setup.update_dp)
-    augment = augment or setup.augment
+    augment = hosting.augment or setup.augment
     return Node(
         data,
         build_backend(setup.algorithm, **setup.hyperparameters),
@@ -47,14 +43,14 @@ def build_node(
         batch_size=setup.batch_size,
         min_pos_fraction=setup.min_pos_fraction,
         min_neg_fraction=setup.min_neg_fraction,
-        seed=setup.seed * SEED_STRIDE + seed_index,
+        seed=setup.seed * SEED_STRIDE + hosting.seed_index,
         privacy=privacy,
         example_dp=example,
-        memory_budget=memory_budget if setup.partial_training else None,
+        memory_budget=hosting.memory_budget if setup.partial_training else None,
         personalization=setup.personalization(),
         trainable=trainable,
         state_in_memory=state_in_memory,
-        local_steps=local_steps,
+        local_steps=hosting.local_steps,
         augment=augment,
-        tta=tta or (setup.tta if augment == setup.augment else None),
+        tta=hosting.tta or (setup.tta if augment == setup.augment else None),
     )

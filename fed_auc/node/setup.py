@@ -1,4 +1,4 @@
-"""What a node needs from the experiment, and the one function that builds a node from it.
+"""What a node needs from the experiment (``NodeSetup``) and from its operator (``SiteHosting``).
 
 ``NodeSetup`` is plain JSON: the Flower coordinator sends it with every request, and
 ``fed-auc simulate`` builds the same one for its in-process nodes. ``build_node`` turns it and
@@ -65,6 +65,21 @@ class NodeSetup:
         return Personalization(self.personalize, self.personal_lambda, self.personal_lr_ratio)
 
 
+@dataclass(frozen=True)
+class SiteHosting:
+    """What a site's own operator decides for its node (its site file), never the
+    coordinator: the same fields whether the node runs in-process or behind ``fed-auc node``."""
+
+    name: str
+    seed_index: int  # the site's share of the experiment seed (its batch sampler)
+    order: tuple[int, int | str] = (0, "")  # where it stands among the registered sites
+    synthetic: bool = False  # a synthetic profile, not image files
+    memory_budget: float | int | str | None = None  # bytes or a fraction (partial training)
+    augment: str | None = None  # its own augmentation over the experiment's
+    tta: str | None = None
+    local_steps: int | None = None  # its own τ_i
+
+
 def check_batch_size(data: SiteData, batch_size: int) -> None:
     """A batch no larger than the site's training split, checked before anything is
     allocated: a larger one would draw (and hold) that many images per step."""
@@ -76,5 +91,3 @@ def check_batch_size(data: SiteData, batch_size: int) -> None:
             f"site {data.name!r}{source}: batch size {batch_size} is larger than its "
             f"training split ({n} images); use a batch size of at most {n}"
         )
-
-

@@ -11,27 +11,42 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, NodeRefused, Reply
+from fed_auc.node.host import NodeHost
 from fed_auc.node.node import Node
+from fed_auc.node.setup import SiteHosting
 from fed_auc.trainable import Tensors
 
 
 class LocalTransport:
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        self.nodes = {node.name: node for node in nodes}
-        if len(self.nodes) != len(nodes):
+    def __init__(
+        self, nodes: Sequence[Node], hostings: Sequence[SiteHosting] | None = None
+    ) -> None:
+        """``hostings``: each site's own settings (its file), in the order of ``nodes``; None
+        for nodes built by hand (a test, a script): the site's index is its place in the list."""
+        if hostings is None:
+            hostings = [SiteHosting(n.name, i, (i, n.name)) for i, n in enumerate(nodes)]
+        self.hosts = {
+            node.name: NodeHost(hosting, node, echo=lambda line: None)
+            for node, hosting in zip(nodes, hostings, strict=True)
+        }
+        if len(self.hosts) != len(nodes):
             raise ValueError("site names must be unique")
 
     @property
     def sites(self) -> list[str]:
-        return list(self.nodes)
+        return list(self.hosts)
+
+    @property
+    def nodes(self) -> dict[str, Node]:
+        return {site: host.node for site, host in self.hosts.items()}
 
     def register(self) -> dict[str, dict[str, Any]]:
-        return {name: node.registration() for name, node in self.nodes.items()}
+        return {site: host.register() for site, host in self.hosts.items()}
 
     def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
         """Each site's request (the broadcast, with that site's own config) to its node."""
         return {
-            site: self._call(site, lambda n, b=broadcast: n.train(b))
+            site: self._call(site, lambda h, b=broadcast: h.train(b))
             for site, broadcast in requests.items()
         }
 
@@ -40,7 +55,7 @@ class LocalTransport:
     ) -> dict[str, dict[str, Any] | NodeFailure]:
         """One step of secure aggregation (``fed_auc.privacy.secure``) at each site."""
         return {
-            site: self._call(site, lambda n, m=message: n.secure_step(step, m))
+            site: self._call(site, lambda h, m=message: h.secure(step, m))
             for site, message in messages.items()
         }
 
@@ -51,8 +66,8 @@ class LocalTransport:
         pooled: bool = True,
         thresholds: list[float] | None = None,
     ) -> dict[str, Evaluation | NodeFailure]:
-        def ask(node):
-            return node.evaluate(tensors, pooled=pooled, thresholds=thresholds)
+        def ask(host: NodeHost) -> Evaluation:
+            return host.evaluate(tensors, pooled=pooled, thresholds=thresholds)
 
         return {site: self._call(site, ask) for site in sites}
 
@@ -62,11 +77,14 @@ class LocalTransport:
         """The evaluation job (``fed_auc.evaluate.job``): each site scores the model."""
         from fed_auc.node.report import site_report
 
-        return {s: self._call(s, lambda n: site_report(n.site, request, tensors)) for s in sites}
+        def score(host: NodeHost) -> dict[str, Any]:
+            return site_report(host.node.site, request, tensors)
+
+        return {site: self._call(site, score) for site in sites}
 
     def _call(self, site: str, request):
         try:
-            return request(self.nodes[site])
+            return request(self.hosts[site])
         except NodeRefused as exc:  # e.g. a spent privacy budget: the site says why
             return NodeFailure(site, exc.status, str(exc))
         except Exception as exc:  # a failing node must not stop the federation

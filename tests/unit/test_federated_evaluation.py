@@ -20,6 +20,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import POOLED
 from fed_auc.node.build import build_node
 from fed_auc.node.node import Node
+from fed_auc.node.setup import SiteHosting
 from fed_auc.registry.load import load_registered_model
 from fed_auc.run.holdout import TrainingSites
 from fed_auc.simulation import load_in_process_sites, run_simulation
@@ -34,7 +35,9 @@ TINY = {"sites": 3, "rounds": 2, "local_steps": 2, "batch_size": 16, "data_scale
 def _nodes(config: ExperimentConfig, sites: list[SiteData], root: Path) -> list[Node]:
     """Real in-process nodes over ``sites`` (the job needs only their data)."""
     setup = config.node_setup("job", {"arch": "tiny", "num_labels": 1}, 1, len(sites))
-    return [build_node(setup, s, i, root / s.name) for i, s in enumerate(sites)]
+    return [
+        build_node(setup, s, SiteHosting(s.name, i), root / s.name) for i, s in enumerate(sites)
+    ]
 
 
 @pytest.fixture(scope="module")

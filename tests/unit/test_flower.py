@@ -414,11 +414,11 @@ def test_a_flower_node_samples_with_the_experiments_batch_floors(tmp_path):
     worker.handle({"kind": "register", "setup": setup}, [])
     site = worker.site
     node = build_node(
-        NodeSetup.from_dict(setup), site.load(28, 1, 0, SMALL["data_scale"]), site.seed_index,
+        NodeSetup.from_dict(setup), site.load(28, 1, 0, SMALL["data_scale"]), site.hosting(),
         tmp_path / "direct",
     )  # fmt: skip
     floors = (math.ceil(0.1 * setup["batch_size"]), math.ceil(0.25 * setup["batch_size"]))
-    for built in (worker._node, node):  # the worker's node is build_node's
+    for built in (worker.host.node, node):  # the worker's node is build_node's
         assert (built.batches.min_positives, built.batches.min_negatives) == floors
 
 
@@ -430,10 +430,10 @@ def test_a_node_trains_within_its_memory_budget_only_under_partial_training(tmp_
     setup, _ = _setup()
     site = SiteDefinition.from_toml(_site_toml(tmp_path, "county_general", 1, memory_budget=0.15))
     data = site.load(28, 1, 0, SMALL["data_scale"])
-    full = build_node(NodeSetup.from_dict(setup), data, 1, tmp_path / "f", site.budget())
+    full = build_node(NodeSetup.from_dict(setup), data, site.hosting(), tmp_path / "f")
     partial = build_node(
-        NodeSetup.from_dict({**setup, "partial_training": True}), data, 1, tmp_path / "p",
-        site.budget(),
+        NodeSetup.from_dict({**setup, "partial_training": True}), data, site.hosting(),
+        tmp_path / "p",
     )  # fmt: skip
     assert full.registration()["trained_groups"] is None  # the whole model
     trained = partial.registration()["trained_groups"]

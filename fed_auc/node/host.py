@@ -1,0 +1,107 @@
+"""The request host: one site's answers to the federation, whichever transport carries them.
+
+``LocalTransport`` (in-process) and the Flower node worker both hand each request to a
+``NodeHost``; the transports only move requests and replies. So a site registers with the same
+fields, runs its own τ_i, refuses a stale request and prints the same console line in
+``fed-auc simulate`` and behind ``fed-auc node``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fed_auc.data.cards import site_summary
+from fed_auc.exchange import Broadcast, Evaluation, Reply
+from fed_auc.metrics.auc import mean_auc
+from fed_auc.node.node import Node
+from fed_auc.node.setup import SiteHosting
+from fed_auc.trainable import Tensors
+
+
+class NodeHost:
+    """Answers register / train / secure / evaluate for the node it currently serves."""
+
+    def __init__(
+        self, hosting: SiteHosting, node: Node | None = None, echo: Callable[[str], None] = print
+    ) -> None:
+        """``hosting``: what the site's operator chose (its site file); ``node``: the node of
+        the run being served (``serve`` swaps it when a new run starts); ``echo``: where one
+        line per request goes (``fed-auc node`` prints it; in-process, nowhere)."""
+        self.hosting = hosting
+        self.echo = echo
+        self.node: Node | None = None
+        self._latest: tuple[int, int] | None = None  # (round, phase index) of the last train
+        if node is not None:
+            self.serve(node)
+
+    def serve(self, node: Node) -> None:
+        """Answer for ``node`` from now on (a new run, or the same run after a restart)."""
+        self.node = node
+        self._latest = None
+
+    def _current(self) -> Node:
+        if self.node is None:
+            raise RuntimeError("no node to answer with: serve(node) first")
+        return self.node
+
+    def register(self) -> dict[str, Any]:
+        """Aggregate counts and the site's own settings; no images, no labels."""
+        node = self._current()
+        registration = {
+            **node.registration(),
+            "order": list(self.hosting.order),
+            "label_names": list(node.site.label_names),
+            "synthetic": self.hosting.synthetic,
+        }
+        if self.hosting.memory_budget is not None:
+            registration["memory_budget"] = self.hosting.memory_budget
+        if self.hosting.local_steps is not None:  # the coordinator asks for what it will run
+            registration["local_steps"] = self.hosting.local_steps
+        return registration
+
+    def summary(self) -> dict[str, Any]:
+        """The site's data card summary, recorded with the run."""
+        return site_summary(self._current().site)
+
+    def train(self, broadcast: Broadcast) -> Reply:
+        """One local update. A request that arrives after a later one (its deadline passed
+        while the transport delivered it) is refused: it must not overwrite the later reply's
+        pending state. The site's own τ_i (its file) wins over the one asked for."""
+        node = self._current()
+        position = (broadcast.round, node.backend.phases.index(broadcast.phase))
+        if self._latest is not None and position < self._latest:
+            raise ValueError(f"stale request for round {broadcast.round + 1}: already past it")
+        self._latest = position
+        if self.hosting.local_steps is not None and "local_steps" in broadcast.config:
+            broadcast.config["local_steps"] = self.hosting.local_steps
+        start = time.perf_counter()
+        reply = node.train(broadcast)
+        loss = reply.metrics.get("train_loss")
+        self.echo(
+            f"{node.name}: round {broadcast.round + 1} {broadcast.phase}: {reply.steps} steps"
+            + ("" if loss is None else f", loss {loss:.4f}")
+            + f", {time.perf_counter() - start:.1f} s"
+        )
+        return reply
+
+    def secure(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
+        """One step of secure aggregation (``fed_auc.privacy.secure``)."""
+        return self._current().secure_step(step, message)
+
+    def evaluate(
+        self, tensors: Tensors, pooled: bool, thresholds: list[float] | None = None
+    ) -> Evaluation:
+        """Score the model on the site's validation and test splits."""
+        node = self._current()
+        evaluation = node.evaluate(tensors, pooled=pooled, thresholds=thresholds)
+        shown = ", ".join(
+            f"{name} AUC {_fmt(mean_auc(split.aucs))}" for name, split in evaluation.splits.items()
+        )
+        self.echo(f"{node.name}: evaluated: {shown}, {evaluation.duration_s:.1f} s")
+        return evaluation
+
+
+def _fmt(auc: float | None) -> str:
+    return "undefined" if auc is None else f"{auc:.3f}"
