@@ -55,10 +55,8 @@ def rounds_in(runs: Path) -> int:
         return -1
     with RunStore(runs) as store:
         runs_frame = store.runs()
-        if runs_frame.empty:
-            return -1
-        rounds = store.rounds(runs_frame["id"].iloc[0])
-    return int(rounds["round"].max()) if len(rounds) else -1
+        last = None if runs_frame.empty else store.last_round(runs_frame["id"].iloc[0])
+    return -1 if last is None else last
 
 
 def final_tensors(summary: dict) -> dict[str, torch.Tensor]:

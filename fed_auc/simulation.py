@@ -201,9 +201,9 @@ def resume_simulation(
 def rounds_left(runs_dir: str | Path, run_id: str) -> int:
     """Rounds a resume of ``run_id`` still has to train (for a progress bar)."""
     with RunStore(runs_dir) as store:
-        done = store.rounds(run_id)["round"].max()
+        done = store.last_round(run_id) or 0
         total = store.run(run_id)["config"]["rounds"]
-    return int(total) - (0 if done != done else int(done))  # NaN: no round yet
+    return int(total) - done
 
 
 def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:

@@ -157,6 +157,12 @@ class RunStore(EvaluationTables):
     def rounds(self, run_id: str) -> pd.DataFrame:
         return self._frame("SELECT * FROM rounds WHERE run_id = ? ORDER BY round", (run_id,))
 
+    def last_round(self, run_id: str) -> int | None:
+        """The last round recorded for ``run_id`` (rounds count from 1); None before round 1."""
+        row = self._conn.execute("SELECT MAX(round) FROM rounds WHERE run_id = ?", (run_id,))
+        last = row.fetchone()[0]
+        return None if last is None else int(last)
+
     def site_rounds(self, run_id: str) -> pd.DataFrame:
         return self._frame(
             "SELECT * FROM site_rounds WHERE run_id = ? ORDER BY round, site", (run_id,)

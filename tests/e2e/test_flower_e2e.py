@@ -14,8 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.certs import make_certs
 from fed_auc.transport.flower.processes import free_port
 from tests.support.flower_loopback import NO_CA, SITES, UNREGISTERED, _site_toml
+from tests.support.processes import start_fed_auc, stop_all, wait_for_line
 
 SMALL = {"rounds": 2, "local_steps": 2, "batch_size": 8}
 ROW_COLUMNS = ["round", "site", "status", "steps", "n", "auc", "val_auc", "update_norm", "bytes_up"]
@@ -85,35 +84,7 @@ def _experiment(root: Path, name: str, port: int, rounds: int, extra: dict, **fl
 
 
 def _start(root: Path, *args: str, log: str, session: bool = False) -> subprocess.Popen:
-    """``fed-auc *args`` in ``root``; with ``session``, in a process group of its own."""
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    with open(root / log, "a") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fed_auc.cli", *args],
-            cwd=root,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=session,
-        )
-
-
-def _stop(processes) -> None:
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.wait(timeout=60)
-
-
-def _wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
-    """Block until ``text`` appears in ``log`` (fail if ``process`` exits first)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and text in log.read_text():
-            return
-        assert process.poll() is None, f"{log.name} ended early:\n{log.read_text()[-3000:]}"
-        time.sleep(0.5)
-    raise AssertionError(f"{text!r} not in {log} after {timeout:g} s")
+    return start_fed_auc(root, *args, log=root / log, session=session)
 
 
 def _finish(fed: Federation, name: str, coordinator: subprocess.Popen) -> dict:
@@ -142,7 +113,7 @@ def fed(tmp_path_factory):
     federation = Federation(root, free_port(), {})
     federation.nodes = {site: federation.start_node(site) for site in SITES}
     yield federation
-    _stop(federation.nodes.values())
+    stop_all(federation.nodes.values())
 
 
 def test_three_nodes_equal_the_in_process_simulation_and_intruders_cannot_join(fed):
@@ -160,7 +131,7 @@ def test_three_nodes_equal_the_in_process_simulation_and_intruders_cannot_join(f
     try:
         summary = _finish(fed, "equal", coordinator)
     finally:
-        _stop(intruders)
+        stop_all(intruders)
     expected = _simulated(fed, "sim")
     assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
     assert summary["site_auc"] == pytest.approx(expected["site_auc"], abs=1e-6)
@@ -196,12 +167,12 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
     last = {"select": "last"}
     coordinator = fed.coordinator(name, rounds, last, round_timeout_s=60, eval_timeout_s=45)
     log = fed.root / f"{name}.log"
-    _wait_for_line(log, "round 1:", coordinator, timeout=400)
+    wait_for_line(log, "round 1:", coordinator, timeout=400)
     fed.nodes[victim].send_signal(signal.SIGKILL)  # no clean-up: its SuperNode dies with it
     fed.nodes[victim].wait(timeout=60)
     # Restarted only once the coordinator has dropped it: a restart that answers the round in
     # flight (same key, same node id) in time would never be recorded as dropped.
-    _wait_for_line(log, f"site {victim} left", coordinator, timeout=400)
+    wait_for_line(log, f"site {victim} left", coordinator, timeout=400)
     fed.nodes[victim] = fed.start_node(victim)  # the same state_dir and key
     summary = _finish(fed, name, coordinator)
 
@@ -247,7 +218,7 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
 def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     name = "resume"
     coordinator = fed.coordinator(name, rounds=3)
-    _wait_for_line(fed.root / f"{name}.log", "round 1:", coordinator, timeout=400)
+    wait_for_line(fed.root / f"{name}.log", "round 1:", coordinator, timeout=400)
     os.killpg(coordinator.pid, signal.SIGKILL)  # with its SuperLink and ServerApp
     coordinator.wait(timeout=60)
     runs = fed.root / f"runs_{name}"

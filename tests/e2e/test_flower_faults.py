@@ -28,7 +28,7 @@ from fed_auc.transport.flower.node_watch import (  # noqa: E402
     lock_state_dir,
     unlock_state_dir,
 )
-from tests.support.paths import ROOT
+from tests.support.processes import start_fed_auc, stop_all, wait_for_line
 
 ADDRESS = "10.1.2.3:9092"
 STARTED = "INFO :      Starting Flower SuperNode\nINFO :      FastAPI lifespan: startup\n"
@@ -187,17 +187,10 @@ def test_a_node_with_nothing_at_its_address_says_it_cannot_reach_it(tmp_path):
         "[node]\nindex = 0\n"
     )
     log = tmp_path / "node.log"
-    command = [sys.executable, "-m", "fed_auc.cli", "node", "--site", str(site)]
-    command += ["--coordinator", f"127.0.0.1:{port}", "--insecure"]
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    with open(log, "w") as out:
-        node = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    command = ["node", "--site", str(site), "--coordinator", f"127.0.0.1:{port}", "--insecure"]
+    node = start_fed_auc(tmp_path, *command, log=log)
     try:
-        deadline = time.monotonic() + 120
-        while "cannot reach" not in log.read_text():
-            assert node.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_for_line(log, "cannot reach", node, timeout=120)
         children = _children(node.pid)
         assert children  # its SuperNode
         node.send_signal(signal.SIGTERM)
@@ -247,25 +240,8 @@ def _coordinator(
         + "".join(f"{key} = {value}\n" for key, value in flower.items())
     )
     log = tmp_path / "coordinator.log"
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": path}  # this checkout
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fed_auc.cli", "coordinator", "--config", str(config)],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = start_fed_auc(tmp_path, "coordinator", "--config", str(config), log=log)
     return process, log
-
-
-def _wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
 
 
 def _run(tmp_path: Path) -> dict:
@@ -279,9 +255,7 @@ def test_a_failed_flower_run_is_one_line_with_how_to_resume_and_no_traceback(tmp
     try:
         assert process.wait(timeout=300) == 1
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_all([process])
     text = log.read_text()
     run = _run(tmp_path)
     assert run["status"] == "failed"
@@ -299,7 +273,7 @@ def test_stopping_the_coordinator_stops_everything_it_started(tmp_path, stop):
     process, log = _coordinator(tmp_path, register_timeout_s=300)
     children: list[int] = []
     try:
-        _wait_for(log, "waiting for 1 site(s)", process)  # the ServerApp runs
+        wait_for_line(log, "waiting for 1 site(s)", process, timeout=180)  # the ServerApp runs
         children = _children(process.pid)
         assert len(children) >= 3  # the SuperLink, its SuperExec, the ServerApp, `flwr run`
         process.send_signal(stop)
@@ -357,29 +331,19 @@ def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp
     process, log = _coordinator(
         tmp_path, 300, rounds=6, min_nodes=3, expected_sites=3, round_timeout_s=20
     )
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": path}
     address = re.search(r'address = "([^"]+)"', (tmp_path / "experiment.toml").read_text())[1]
     nodes = {}
     for site in SITES:
-        command = [sys.executable, "-m", "fed_auc.cli", "node", "--site"]
-        command += [str(_site_toml(tmp_path, site)), "--coordinator", address, "--insecure"]
-        with open(tmp_path / f"{site}.log", "w") as out:
-            nodes[site] = subprocess.Popen(
-                command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT
-            )
+        command = ["node", "--site", str(_site_toml(tmp_path, site))]
+        nodes[site] = start_fed_auc(
+            tmp_path, *command, "--coordinator", address, "--insecure", log=tmp_path / f"{site}.log"
+        )
     try:
-        _wait_for(log, "round 1:", process, timeout=400)
+        wait_for_line(log, "round 1:", process, timeout=400)
         nodes["mercy_rural"].kill()  # SIGKILL: its SuperNode goes with it (PR_SET_PDEATHSIG)
         assert process.wait(timeout=300) == 1, log.read_text()
     finally:
-        for node in nodes.values():
-            node.terminate()
-        for node in nodes.values():
-            node.wait(timeout=60)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_all([*nodes.values(), process])
     text = log.read_text()
     run = _run(tmp_path)
     assert run["status"] == "failed"

@@ -78,10 +78,8 @@ def recorded_rounds(runs: Path) -> int:
         return -1
     with RunStore(runs) as store:
         runs_frame = store.runs()
-        if runs_frame.empty:
-            return -1
-        rounds = store.rounds(runs_frame["id"].iloc[0])
-    return int(rounds["round"].max()) if len(rounds) else -1
+        last = None if runs_frame.empty else store.last_round(runs_frame["id"].iloc[0])
+    return -1 if last is None else last
 
 
 @pytest.mark.slow

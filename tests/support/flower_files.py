@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from fed_auc.store.run_store import RunStore
 from tests.support.data_files import write_dicom, write_png
+from tests.support.processes import start_fed_auc
 
 
 def _csv_site(root: Path, name: str, rows: int, dicom: bool) -> Path:
@@ -53,17 +52,7 @@ def _site_file(root: Path, name: str, spec: str, budget: float | None = None) ->
 
 def _fed_auc(root: Path, log: str, *args: str) -> subprocess.Popen:
     """``fed-auc *args`` in ``root``, output to ``log``, without PYTHONUNBUFFERED."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
-    with open(root / log, "a") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fed_auc.cli", *args],
-            cwd=root,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return start_fed_auc(root, *args, log=root / log, session=True, unbuffered=False)
 
 
 def _coordinator(root: Path, port: int, name: str, options: dict, **flower) -> subprocess.Popen:

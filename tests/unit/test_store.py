@@ -60,6 +60,17 @@ def test_a_round_is_read_back_as_written(tmp_path):
     assert mode == "wal"
 
 
+def test_the_last_round_is_the_highest_recorded_of_that_run_only(tmp_path):
+    with RunStore(tmp_path) as store:
+        first = store.create_run("codasca", {"rounds": 12}, git_rev="abc")
+        other = store.create_run("fedavg", {"rounds": 2}, git_rev="abc")
+        assert store.last_round(first) is None  # nothing trained yet
+        for round_ in (1, 2, 10):  # 10 after 2: a number, not text, is compared
+            store.record_round(first, _record(round_))
+        store.record_round(other, _record(11))
+        assert store.last_round(first) == 10 and store.last_round(other) == 11
+
+
 def test_a_round_that_fails_midway_leaves_no_partial_rows(tmp_path):
     with RunStore(tmp_path) as store:
         run_id = store.create_run("codasca", {})
