@@ -24,6 +24,7 @@ from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
 from fed_auc.models import model_from_config
 from fed_auc.node.build import build_node
+from fed_auc.node.compute import Compute
 from fed_auc.node.node import Node
 from fed_auc.node.setup import NodeSetup, check_batch_size
 from fed_auc.run.holdout import check_hold_out, evaluate_export
@@ -61,6 +62,7 @@ class InProcessSite:
     augment: str | None = None
     tta: str | None = None
     local_steps: int | None = None
+    compute: Compute | None = None  # the node's device and precision (its file's, else simulate's)
 
 
 def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite], dict | None]:
@@ -85,17 +87,20 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         positive_class=config.positive_class,
     )
     budgets = config.memory_budgets()
-    return [InProcessSite(s, i, b) for i, (s, b) in enumerate(zip(sites, budgets, strict=True))], (
-        manifest
-    )
+    compute = Compute.of(config.device, config.precision)
+    return [
+        InProcessSite(s, i, b, compute=compute)
+        for i, (s, b) in enumerate(zip(sites, budgets, strict=True))
+    ], manifest
 
 
 def _from_file(site: SiteDefinition, config: ExperimentConfig) -> InProcessSite:
     data = site.load(config.image_size, config.num_labels, config.seed, config.data_scale)
     check_site_data(site, data)
     return InProcessSite(
-        data, site.seed_index, site.budget(), site.augment, site.tta, site.local_steps
-    )
+        data, site.seed_index, site.budget(), site.augment, site.tta, site.local_steps,
+        site.compute(config.device, config.precision),
+    )  # fmt: skip
 
 
 def build_federation(
@@ -153,12 +158,14 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
     """One in-process node per site, its local state under ``run_dir/nodes/<site>``.
 
     Nodes run one after another, so unless a site trains its own part of the model (partial
-    training) or keeps a personal one, they share one warm model. Beyond
+    training) or keeps a personal one, or the sites compute on different devices, they share
+    one warm model. Beyond
     ``STATE_IN_MEMORY_UP_TO`` sites the local state (e.g. CODASCA's c_k, one model's size per
     site) stays on disk between rounds: memory then does not grow with the number of sites.
     """
     shared = None
-    if setup.personalization() is None and not setup.partial_training:
+    one_compute = len({site.compute for site in sites}) <= 1
+    if setup.personalization() is None and not setup.partial_training and one_compute:
         shared = Trainable.with_loss(model_from_config(setup.model_config), setup.loss)
     return [
         build_node(
@@ -172,6 +179,7 @@ def _nodes(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> list[
             trainable=shared,
             state_in_memory=len(sites) <= STATE_IN_MEMORY_UP_TO,
             local_steps=site.local_steps,
+            compute=site.compute,
         )
         for site in sites
     ]

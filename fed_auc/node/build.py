@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData
+from fed_auc.node.compute import Compute
 from fed_auc.node.node import Node
 from fed_auc.node.setup import SEED_STRIDE, NodeSetup, check_batch_size
 from fed_auc.privacy.dp_sgd import ExampleDP
@@ -26,11 +27,14 @@ def build_node(
     trainable: Trainable | None = None,
     state_in_memory: bool = True,
     local_steps: int | None = None,
+    compute: Compute | None = None,
 ) -> Node:
     """The node of one site. ``memory_budget`` counts only under partial training;
     ``augment``/``tta`` are the site's own choice over the experiment's; ``trainable``: a
     warm model shared by in-process nodes (never with partial training or personal models);
-    ``local_steps``: the site's own τ_i (its file), which DP's planner plans for."""
+    ``local_steps``: the site's own τ_i (its file), which DP's planner plans for;
+    ``compute``: the device and precision the site's operator chose (None: fp32 on the CPU),
+    never the coordinator's: ``NodeSetup`` carries none."""
     check_batch_size(data, setup.batch_size)
     privacy = example = None
     if setup.example_dp is not None:
@@ -57,4 +61,5 @@ def build_node(
         local_steps=local_steps,
         augment=augment,
         tta=tta or (setup.tta if augment == setup.augment else None),
+        compute=compute,
     )

@@ -212,3 +212,16 @@ class Meter:
         if self.device.type == "cuda":
             out["device_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / MIB
         return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def compute_line(compute: Compute, metrics: Mapping[str, float]) -> str:
+    """What a node prints of a round's compute after its round line: device, precision,
+    images per second, peak memory."""
+    parts = [f"{compute.device} {compute.precision}"]
+    if "images_per_s" in metrics:
+        parts.append(f"{metrics['images_per_s']:.1f} img/s")
+    if "host_peak_mib" in metrics:
+        parts.append(f"host peak {metrics['host_peak_mib']:.0f} MiB")
+    if "device_peak_mib" in metrics:
+        parts.append(f"device peak {metrics['device_peak_mib']:.0f} MiB")
+    return " (" + ", ".join(parts) + ")"

@@ -21,6 +21,7 @@ from fed_auc.data.cards import site_summary
 from fed_auc.exchange import EvaluationRequest
 from fed_auc.metrics.auc import mean_auc
 from fed_auc.node.build import build_node
+from fed_auc.node.compute import compute_line
 from fed_auc.node.node import Node
 from fed_auc.node.report import site_report
 from fed_auc.node.setup import NodeSetup
@@ -95,6 +96,7 @@ class NodeWorker:
                 f"{node.name}: round {broadcast.round + 1} {broadcast.phase}: {reply.steps} steps"
                 + ("" if loss is None else f", loss {loss:.4f}")
                 + f", {time.perf_counter() - start:.1f} s"
+                + compute_line(node.compute, reply.metrics)
             )
             return reply_frame(reply)
         if kind == "secure":  # a step of secure aggregation (fed_auc.privacy.secure)
@@ -148,6 +150,7 @@ class NodeWorker:
                 augment=self.site.augment,
                 tta=self.site.tta,
                 local_steps=self.site.local_steps,
+                compute=self.site.compute(),
             )
             self._setup = setup
             self._latest = None
