@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from fed_auc.exchange import COMPUTE_METRICS
+
 AUTO = "auto"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_BACKOFFS = 64  # halvings of the fp16 loss scale before a batch's gradients count as bad
@@ -205,12 +207,10 @@ class Meter:
         self.seconds = time.perf_counter() - self._start
 
     def metrics(self, images: int) -> dict[str, float]:
-        out = {
-            "images_per_s": images / self.seconds if self.seconds > 0 else 0.0,
-            "host_peak_mib": host_peak_mib(),
-        }
+        rate, host, device = COMPUTE_METRICS
+        out = {rate: images / self.seconds if self.seconds > 0 else 0.0, host: host_peak_mib()}
         if self.device.type == "cuda":
-            out["device_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / MIB
+            out[device] = torch.cuda.max_memory_allocated(self.device) / MIB
         return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
