@@ -126,14 +126,18 @@ class Trainable:
         self._suffix = nn.Sequential(*[m for _, m in features[cut:]], self.model.net.class_layers)
 
     def to(self, device: torch.device) -> Trainable:
-        """The model and loss moved to ``device``, in place. Parameters keep their identity;
-        buffers are new tensors after a move, so the named views follow them."""
+        """The model and loss moved to ``device``, in place; the named views (``primal``,
+        ``dual``, ``buffers``) follow the moved tensors (buffers, and parameters moved across
+        tensor types, are new objects after a move)."""
         self.model.to(device)
         self.loss.to(device)
         current = {BUFFER + n: b for n, b in self.model.named_buffers()}
         current.update({WEIGHT + n: p for n, p in self.model.named_parameters()})
-        self.buffers = {n: current[n] for n in self.buffers}
-        self._frozen = {n: current[n] for n in self._frozen}
+        current.update({AUC + n: p for n, p in self.loss.named_parameters()})
+        for view in ("primal", "dual", "buffers", "_frozen"):
+            setattr(self, view, {n: current[n] for n in getattr(self, view)})
+        self._primal_list = list(self.primal.values())
+        self._dual_list = list(self.dual.values())
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
