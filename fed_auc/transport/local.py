@@ -62,7 +62,10 @@ class LocalTransport:
         """The evaluation job (``fed_auc.evaluate.job``): each site scores the model."""
         from fed_auc.node.report import site_report
 
-        return {s: self._call(s, lambda n: site_report(n.site, request, tensors)) for s in sites}
+        return {
+            s: self._call(s, lambda n: site_report(n.site, request, tensors, n.compute))
+            for s in sites
+        }
 
     def _call(self, site: str, request):
         try:
