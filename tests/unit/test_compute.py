@@ -177,3 +177,24 @@ def test_the_same_seed_gives_the_same_model_on_cpu_and_auto_and_records_the_comp
     card = json.loads((tmp_path / "auto" / run_id / "model" / "model_card.json").read_text())
     assert set(card["compute"]) == set(trained["site"])
     assert all(c["device"] == "cpu" for c in card["compute"].values())
+
+
+def test_fp16_with_dp_sgd_is_refused_by_name(tmp_path):
+    from fed_auc.privacy.dp_sgd import ExampleDP
+    from tests.support.dp import tiny_site
+
+    model = build_model("tiny", norm="group")
+    with pytest.raises(ValueError, match="'hospital_a': precision fp16 with dp = 'example'"):
+        Node(
+            tiny_site(), build_backend("codasca", local_steps=1), model.config(), "auc_margin",
+            tmp_path, batch_size=4, example_dp=ExampleDP(clip=1.0, noise_multiplier=1.0),
+            compute=Compute.of("cpu", "fp16"),
+        )  # fmt: skip
+
+
+def test_a_federated_evaluation_leaves_the_device_to_each_node(tmp_path):
+    from fed_auc.cli import main
+
+    with pytest.raises(SystemExit, match="each node scores on its own device"):
+        main(["evaluate", "--model", str(tmp_path), "--out", str(tmp_path / "out"),
+              "--federation", str(tmp_path / "exp.toml"), "--device", "cpu"])  # fmt: skip
