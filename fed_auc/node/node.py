@@ -158,6 +158,7 @@ class Node:
             "trained_groups": self.trainable.trained_groups,
             "personalize": None if personalization is None else repr(personalization),
             "dp": repr(example_dp or privacy),
+            "compute": self.compute.describe(),  # another device or precision: other numbers
         }  # fmt: skip
         self.private_training = None
         if example_dp is not None:

@@ -198,3 +198,27 @@ def test_a_federated_evaluation_leaves_the_device_to_each_node(tmp_path):
     with pytest.raises(SystemExit, match="each node scores on its own device"):
         main(["evaluate", "--model", str(tmp_path), "--out", str(tmp_path / "out"),
               "--federation", str(tmp_path / "exp.toml"), "--device", "cpu"])  # fmt: skip
+
+
+def test_the_same_round_in_another_precision_is_another_dp_release(tmp_path):
+    from fed_auc.exchange import Broadcast
+    from fed_auc.privacy.dp_sgd import ExampleDP
+    from tests.support.dp import tiny_site
+
+    def node(precision: str) -> Node:  # the same state directory: a restarted node
+        dp = ExampleDP(clip=1.0, target_epsilon=8.0, rounds=4, local_steps=2)
+        model = build_model("tiny", norm="group")
+        return Node(
+            tiny_site(), build_backend("local_sgda", local_steps=2), model.config(),
+            "auc_margin", tmp_path, batch_size=8, example_dp=dp,
+            compute=Compute.of("cpu", precision),
+        )  # fmt: skip
+
+    config = {"pos_ratio": [0.25], "lr": 0.1, "local_steps": 2, "commit": None, "continue": None}
+    fp32 = node("fp32")
+    tensors = fp32.trainable.tensors()
+    first = fp32.train(Broadcast(0, "train", tensors, config))
+    again = node("fp32").train(Broadcast(0, "train", tensors, config))
+    assert again.metrics["dp_epsilon"] == first.metrics["dp_epsilon"]  # the same release
+    other = node("bf16").train(Broadcast(0, "train", tensors, config))
+    assert other.metrics["dp_epsilon"] > first.metrics["dp_epsilon"]  # other numbers: counted
