@@ -54,7 +54,7 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--with-val", action="store_true", help="--federation: the validation split too"
     )
-    add_compute_arguments(ev, "the local evaluation's scoring (not with --federation)")
+    add_compute_arguments(ev, "local scoring; not with --federation")
     ev.add_argument(
         "--runs-dir",
         help="where --site results are recorded (runs); --federation: override the config's "

@@ -61,7 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     n.add_argument(
         "--num-labels", type=int, default=1, help="labels of a synthetic site, for --check"
     )
-    add_compute_arguments(n, "this node's training and scoring (over its site file's)")
+    add_compute_arguments(n, "this node; wins over its site file's [node] device")
     n.add_argument("--root-certificates", type=Path, help="the federation's CA (ca.pem)")
     n.add_argument("--auth-key", type=Path, help="this site's private key (keys/<site>.key)")
     n.add_argument("--insecure", action="store_true", help="no TLS, no key (loopback tests)")
