@@ -3,6 +3,11 @@
 #   docker build -t fed-auc . && docker run --rm -v "$PWD/runs:/app/runs" fed-auc
 FROM python:3.11-slim
 
+# TORCH_INDEX: where torch comes from. The default is the CPU build. A GPU node builds with a
+# CUDA index that its driver supports (nvidia-smi shows the highest CUDA version), e.g.
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 -t fed-auc-gpu .
+#   docker run --gpus all ... fed-auc-gpu node --site site/site.toml --device cuda ...
+# (the NVIDIA Container Toolkit on the host); hospitals/README.md, "A GPU node".
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
 

@@ -142,6 +142,24 @@ def participation(data: RunData) -> pd.DataFrame:
     )
 
 
+COMPUTE_COLUMNS = {
+    "device": "device", "precision": "precision", "images_per_s": "images/s",
+    "host_peak_mib": "host peak MiB", "device_peak_mib": "device peak MiB",
+}  # fmt: skip
+
+
+def compute_table(data: RunData) -> pd.DataFrame:
+    """Per site and round, where it trained and what it cost: device, precision, images per
+    second, peak host memory and (on CUDA) peak device memory, as the node measured them."""
+    records = []
+    for row in data.site_rounds.itertuples():
+        compute = row.metrics.get("compute") if isinstance(row.metrics, dict) else None
+        if compute:
+            shown = {name: compute.get(key) for key, name in COMPUTE_COLUMNS.items()}
+            records.append({"round": row.round, "site": row.site, **shown})
+    return pd.DataFrame(records, columns=["round", "site", *COMPUTE_COLUMNS.values()])
+
+
 def bytes_per_round(data: RunData) -> pd.DataFrame:
     """MB down and up per round (long format for a stacked bar chart)."""
     rounds = data.rounds[data.rounds["round"] > 0]

@@ -109,6 +109,9 @@ class Evaluation:
 
 
 MODEL_FORMAT = "fed-auc-model/1"
+# A reply's metrics about its compute (fed_auc.node.compute.Meter); the site's device and
+# precision are in its registration. The coordinator records them per site and round.
+COMPUTE_METRICS = ("images_per_s", "host_peak_mib", "device_peak_mib")
 
 
 @dataclass(frozen=True)

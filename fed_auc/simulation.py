@@ -24,6 +24,7 @@ from fed_auc.experiment.files import recorded_config
 from fed_auc.io import save_json
 from fed_auc.models import model_from_config
 from fed_auc.node.build import build_node
+from fed_auc.node.compute import Compute
 from fed_auc.node.setup import NodeSetup, SiteHosting, check_batch_size
 from fed_auc.run.holdout import check_hold_out, evaluate_export
 from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
@@ -80,8 +81,11 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         positive_class=config.positive_class,
     )
     synthetic = bool(config.data_is_synthetic())
+    compute = Compute.of(config.device, config.precision)
     hosted = [
-        InProcessSite(s, SiteHosting(s.name, i, (i, s.name), synthetic, memory_budget=b))
+        InProcessSite(
+            s, SiteHosting(s.name, i, (i, s.name), synthetic, memory_budget=b, compute=compute)
+        )
         for i, (s, b) in enumerate(zip(sites, config.memory_budgets(), strict=True))
     ]
     return hosted, manifest
@@ -90,7 +94,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
 def _from_file(site: SiteDefinition, config: ExperimentConfig) -> InProcessSite:
     data = site.load(config.image_size, config.num_labels, config.seed, config.data_scale)
     check_site_data(site, data)
-    return InProcessSite(data, site.hosting())
+    return InProcessSite(data, site.hosting(config.device, config.precision))
 
 
 def build_federation(
@@ -150,12 +154,14 @@ def _transport(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> L
     """One in-process node per site, its local state under ``run_dir/nodes/<site>``.
 
     Nodes run one after another, so unless a site trains its own part of the model (partial
-    training) or keeps a personal one, they share one warm model. Beyond
+    training) or keeps a personal one, or the sites compute on different devices, they share
+    one warm model. Beyond
     ``STATE_IN_MEMORY_UP_TO`` sites the local state (e.g. CODASCA's c_k, one model's size per
     site) stays on disk between rounds: memory then does not grow with the number of sites.
     """
     shared = None
-    if setup.personalization() is None and not setup.partial_training:
+    one_compute = len({site.hosting.compute for site in sites}) <= 1
+    if setup.personalization() is None and not setup.partial_training and one_compute:
         shared = Trainable.with_loss(model_from_config(setup.model_config), setup.loss)
     nodes = [
         build_node(

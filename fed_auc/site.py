@@ -28,11 +28,14 @@ threads = 2                     # optional: torch threads of the node (Flower on
 memory_budget = "6GiB"          # optional: bytes, a size, a fraction of a full step, or "auto"
 augment = "flip"                # optional: this site's training augmentation
 tta = "flip"                    # optional: this site's test-time augmentation
+device = "auto"                 # optional: auto (CUDA when usable), cpu, cuda or cuda:N
+precision = "fp32"              # optional: fp32, bf16 or fp16 (autocast; what travels is fp32)
 ```
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 import zlib
@@ -48,6 +51,8 @@ from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_class, validate_positive_label
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
+from fed_auc.node.compute import AUTO as AUTO_DEVICE
+from fed_auc.node.compute import Compute, check_device, check_precision
 from fed_auc.node.setup import SiteHosting
 from fed_auc.tta import TTA_MODES
 
@@ -56,7 +61,8 @@ DATA_KEYS = (
     "aspect", "positive_class",
 )  # fmt: skip
 NODE_KEYS = (
-    "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta",
+    "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta", "device",
+    "precision",
 )  # fmt: skip
 AUTO = "auto"
 NO_INDEX = 10**6  # sites without an index come after those with one, by name
@@ -78,6 +84,8 @@ class SiteDefinition:
     memory_budget: float | int | str | None = None
     augment: str | None = None
     tta: str | None = None
+    device: str | None = None  # the operator's choice; None: the command's (auto by default)
+    precision: str | None = None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SiteDefinition:
@@ -130,6 +138,10 @@ class SiteDefinition:
                 raise ValueError(
                     f"{path}: [node] {key} = {node[key]!r}: must be one of {list(choices)}"
                 )
+        if node.get("device") is not None:
+            check_device(node["device"], f"{path}: [node] device")
+        if node.get("precision") is not None:
+            check_precision(node["precision"], f"{path}: [node] precision")
         state_dir = node.get("state_dir", f"nodes/{name}")
         if not isinstance(state_dir, str):
             raise ValueError(f"{path}: [node] state_dir = {state_dir!r}: must be a path string")
@@ -145,6 +157,24 @@ class SiteDefinition:
             memory_budget=budget,
             augment=node.get("augment"),
             tta=node.get("tta"),
+            device=node.get("device"),
+            precision=node.get("precision"),
+        )
+
+    def compute(self, device: str = AUTO_DEVICE, precision: str = "fp32") -> Compute:
+        """The node's device and precision: the file's, else ``device``/``precision`` (the
+        command's); a device this machine lacks is an error naming the file."""
+        return Compute.of(self.device or device, self.precision or precision, str(self.path))
+
+    def with_compute(self, device: str | None, precision: str | None) -> SiteDefinition:
+        """The site with the operator's command-line device and precision (given ones win
+        over the file's)."""
+        if device is not None:
+            check_device(device, "--device")
+        if precision is not None:
+            check_precision(precision, "--precision")
+        return dataclasses.replace(
+            self, device=device or self.device, precision=precision or self.precision
         )
 
     @property
@@ -183,8 +213,9 @@ class SiteDefinition:
         site.meta["site_file"] = str(self.path)
         return site
 
-    def hosting(self) -> SiteHosting:
-        """What this file decides for its node, the memory budget resolved now."""
+    def hosting(self, device: str = AUTO_DEVICE, precision: str = "fp32") -> SiteHosting:
+        """What this file decides for its node, the memory budget resolved now; its device
+        and precision, else ``device``/``precision`` (the command's)."""
         return SiteHosting(
             name=self.name,
             seed_index=self.seed_index,
@@ -194,6 +225,7 @@ class SiteDefinition:
             augment=self.augment,
             tta=self.tta,
             local_steps=self.local_steps,
+            compute=self.compute(device, precision),
         )
 
     def budget(self) -> float | int | str | None:

@@ -26,6 +26,12 @@ AUC = "auc/"
 BUFFER = "buf/"
 
 
+def full_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Logits from an autocast region (fp16/bf16) as fp32, for the loss and its a, b, α;
+    fp32 and fp64 logits as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def batch_loss(
     loss: nn.Module,
     logits: torch.Tensor,
@@ -58,6 +64,8 @@ class Trainable:
     # Example-level DP-SGD while a node trains (fed_auc.privacy.dp_sgd.PrivateGradients): every
     # gradient below is then clipped per example and noised; None = plain autograd.
     private: Any = None
+    # fp16 (fed_auc.node.compute.LossScale): plain gradients go through its loss scale.
+    loss_scale: Any = None
 
     @classmethod
     def with_loss(cls, model: nn.Module, loss_name: str) -> Trainable:
@@ -117,14 +125,30 @@ class Trainable:
         self._prefix = nn.Sequential(*[m for _, m in features[:cut]])
         self._suffix = nn.Sequential(*[m for _, m in features[cut:]], self.model.net.class_layers)
 
+    def to(self, device: torch.device) -> Trainable:
+        """The model and loss moved to ``device``, in place; the named views (``primal``,
+        ``dual``, ``buffers``) follow the moved tensors (buffers, and parameters moved across
+        tensor types, are new objects after a move)."""
+        self.model.to(device)
+        self.loss.to(device)
+        current = {BUFFER + n: b for n, b in self.model.named_buffers()}
+        current.update({WEIGHT + n: p for n, p in self.model.named_parameters()})
+        current.update({AUC + n: p for n, p in self.loss.named_parameters()})
+        for view in ("primal", "dual", "buffers", "_frozen"):
+            setattr(self, view, {n: current[n] for n in getattr(self, view)})
+        self._primal_list = list(self.primal.values())
+        self._dual_list = list(self.dual.values())
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's logits; with a frozen prefix, only the trained suffix records a graph."""
+        """The model's logits, in full precision whatever the autocast (the AUC loss and its a, b, α
+        stay fp32); with a frozen prefix, only the trained suffix records a graph."""
         if self._prefix is None:
-            return self.model(x)
+            return full_precision(self.model(x))
         with torch.no_grad():
             self._prefix.eval()  # its BatchNorm uses, and keeps, the global statistics
             hidden = self._prefix(self.model.prepare(x))
-        return self._suffix(hidden)
+        return full_precision(self._suffix(hidden))
 
     @property
     def is_minimax(self) -> bool:
@@ -184,7 +208,10 @@ class Trainable:
                 if weight
             ]
             value = torch.stack(terms).sum()
-        return value, list(torch.autograd.grad(value, self._primal_list + self._dual_list))
+        inputs = self._primal_list + self._dual_list
+        if self.loss_scale is not None:  # fp16: scaled, then unscaled to fp32
+            return value, self.loss_scale.gradients(value, inputs)
+        return value, list(torch.autograd.grad(value, inputs))
 
     def dual_gradients_at(
         self,
@@ -204,7 +231,7 @@ class Trainable:
         params = {n[len(WEIGHT) :]: t for n, t in point.items() if n.startswith(WEIGHT)}
         scratch = {n: b.clone() for n, b in self.model.named_buffers()}
         with torch.no_grad():  # α's gradient needs the scores, not their graph
-            scores = functional_call(self.model, {**params, **scratch}, (x,))
+            scores = full_precision(functional_call(self.model, {**params, **scratch}, (x,)))
         loss_params = {
             n[len(AUC) :]: t for n, t in point.items() if n.startswith(AUC) and n in self.primal
         }

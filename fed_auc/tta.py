@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fed_auc.trainable import full_precision
+
 TTA_MODES = ("none", "flip")
 
 
@@ -42,12 +44,16 @@ def views(images: torch.Tensor, mode: str) -> list[torch.Tensor]:
 def predict(
     model: nn.Module, images: torch.Tensor, mode: str = "none", batch: int = 256
 ) -> np.ndarray:
-    """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode."""
+    """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode.
+    Each chunk of images goes to the model's device; the scores come back fp32 on the CPU
+    (the caller chooses the precision with ``torch.autocast``)."""
     model.eval()
+    device = next(model.parameters()).device
     chunks = []
     for i in range(0, len(images), batch):
-        probs = [torch.sigmoid(model(view)) for view in views(images[i : i + batch], mode)]
-        chunks.append(torch.stack(probs).mean(0))
+        chunk = images[i : i + batch].to(device, non_blocking=True)
+        probs = [torch.sigmoid(full_precision(model(view))) for view in views(chunk, mode)]
+        chunks.append(torch.stack(probs).mean(0).cpu())
     if not chunks:
         check_tta(mode)
         return np.zeros((0, model.num_labels), dtype=np.float32)

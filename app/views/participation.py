@@ -1,4 +1,5 @@
-"""Participation: who took part in each round, who dropped, what it cost in bytes."""
+"""Participation: who took part in each round, who dropped, what it cost in bytes and in
+compute (each site's device, images per second and peak memory per round)."""
 
 import altair as alt
 import pandas as pd
@@ -7,7 +8,7 @@ import streamlit as st
 from app import common
 from app.charts import constant, heatmap
 from app.queries import RunData
-from app.tables import STATUSES, bytes_per_round, participation
+from app.tables import STATUSES, bytes_per_round, compute_table, participation
 
 COLORS = ["#2e7d32", "#90caf9", "#e0e0e0", "#f9a825", "#ef6c00", "#c62828", "#9e9e9e"]
 
@@ -75,6 +76,11 @@ def body(data: RunData) -> None:
         )
         st.altair_chart(bars, width="stretch")
 
+    _events(data)
+    _compute(data)
+
+
+def _events(data: RunData) -> None:
     st.subheader("Events")
     events = data.events
     if events.empty:
@@ -88,6 +94,34 @@ def body(data: RunData) -> None:
     st.dataframe(
         shown[["time", "round", "site", "level", "message"]], hide_index=True, width="stretch"
     )
+
+
+def _compute(data: RunData) -> None:
+    """Which site is slow, and why: its device, precision, throughput and peak memory."""
+    st.subheader("Compute per site and round")
+    table = compute_table(data)
+    if table.empty:
+        st.caption("No compute recorded: the nodes of this run did not report it.")
+        return
+    median = table.groupby("site")["images/s"].median().sort_values()
+    slowest = median.index[0]
+    devices = table.groupby("site")["device"].last()
+    st.caption(
+        f"Slowest site: {slowest} ({median.iloc[0]:.1f} images/s median, on "
+        f"{devices[slowest]}); fastest: {median.index[-1]} ({median.iloc[-1]:.1f} images/s)."
+    )
+    line = (
+        alt.Chart(table)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("round:O", title="round"),
+            y=alt.Y("images/s:Q", title="images per second"),
+            color="site:N",
+            tooltip=list(table.columns),
+        )
+    )
+    st.altair_chart(line, width="stretch")
+    st.dataframe(table, hide_index=True, width="stretch")
 
 
 common.page(body)

@@ -105,7 +105,7 @@ def round_rows(runs: Path) -> list[dict]:
     ]
 
 
-def in_process(options: dict, work: Path) -> list[dict]:
+def in_process(options: dict, work: Path, node: dict | None = None) -> list[dict]:
     events: list[dict] = []
     train, evaluate = Node.train, Node.evaluate
 
@@ -123,7 +123,7 @@ def in_process(options: dict, work: Path) -> list[dict]:
         return result
 
     Node.train, Node.evaluate = timed_train, timed_evaluate
-    files = [str(p) for p in site_files(work, options["data_scale"])]
+    files = [str(p) for p in site_files(work, options["data_scale"], node)]
     config = {k: v for k, v in options.items() if k != "data_scale"}
     try:
         run_simulation(ExperimentConfig(runs_dir=str(work / "runs"), site_files=files, **config))
@@ -132,7 +132,7 @@ def in_process(options: dict, work: Path) -> list[dict]:
     return _rounds(round_rows(work / "runs"), compute_per_round(events))
 
 
-def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
+def over_flower(options: dict, work: Path, naive: bool, node: dict | None = None) -> list[dict]:
     port = free_port()
     config = {k: v for k, v in options.items() if k != "data_scale"}  # in the site files
     lines = [f"{k} = {json.dumps(v)}" for k, v in {**config, "runs_dir": "runs"}.items()]
@@ -142,7 +142,7 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", PER_TENSOR_ENV: "1" if naive else "0"}
     timings = work / "timings.jsonl"
     nodes = []
-    for toml in site_files(work, options["data_scale"]):
+    for toml in site_files(work, options["data_scale"], node):
         site = toml.stem
         command = [sys.executable, "-m", __spec__.name, "node", str(toml.resolve())]
         command += [f"127.0.0.1:{port}", str(timings.resolve())]
@@ -167,9 +167,10 @@ def over_flower(options: dict, work: Path, naive: bool) -> list[dict]:
     return [{**r, "wire": wire.get(r["round"], 0)} for r in rows]
 
 
-def site_files(work: Path, scale: float) -> list[Path]:
+def site_files(work: Path, scale: float, node: dict | None = None) -> list[Path]:
     """The demo hospitals as site files, every split scaled by ``scale`` (as ``data_scale``
-    scales the synthetic federation), the same for both transports."""
+    scales the synthetic federation), the same for both transports; ``node``: more [node]
+    settings (e.g. the device), added to each file's [node] table, its last."""
     files = []
     for site in SITES:
         text = (HOSPITALS / f"{site}.toml").read_text()
@@ -178,6 +179,7 @@ def site_files(work: Path, scale: float) -> list[Path]:
             text = re.sub(rf"^{split} = \d+", f"{split} = {max(2, round(n * scale))}", text,
                           flags=re.M)  # fmt: skip
         text = re.sub(r"^state_dir = .*$", f'state_dir = "{work / site}"', text, flags=re.M)
+        text += "".join(f"{key} = {json.dumps(value)}\n" for key, value in (node or {}).items())
         path = work / f"{site}.toml"
         path.write_text(text)
         files.append(path)
@@ -189,9 +191,11 @@ def _rounds(rows: list[dict], compute: dict[int, float]) -> list[dict]:
             for r in rows]  # fmt: skip
 
 
-def measure(options: dict, transports: list[str], work_dir: Path) -> dict[str, dict]:
+def measure(
+    options: dict, transports: list[str], work_dir: Path, node: dict | None = None
+) -> dict[str, dict]:
     """Run each transport on the same federation; per transport its rounds (or why it failed)
-    and the load average (1 min) before and after it."""
+    and the load average (1 min) before and after it. ``node``: more [node] settings."""
     results: dict[str, dict] = {}
     for name in transports:
         work = work_dir / name
@@ -200,9 +204,9 @@ def measure(options: dict, transports: list[str], work_dir: Path) -> dict[str, d
         start = time.perf_counter()
         try:
             if name == "in-process":
-                result = {"rounds": in_process(options, work)}
+                result = {"rounds": in_process(options, work, node)}
             else:
-                result = {"rounds": over_flower(options, work, naive=name == "naive")}
+                result = {"rounds": over_flower(options, work, name == "naive", node)}
         except subprocess.CalledProcessError as exc:  # a transport that cannot finish
             result = {"failed": f"{exc.cmd[3]} exited with status {exc.returncode}"}
         result["load"] = [load, os.getloadavg()[0]]

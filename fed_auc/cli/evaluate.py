@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.cli.data import add_data_arguments, data_options, num_sites
+from fed_auc.cli.experiment_options import add_compute_arguments
 from fed_auc.cli.text import fmt
 from fed_auc.evaluate.job import describe, trained_sites
 
@@ -53,6 +54,7 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--with-val", action="store_true", help="--federation: the validation split too"
     )
+    add_compute_arguments(ev, "local scoring; not with --federation")
     ev.add_argument(
         "--runs-dir",
         help="where --site results are recorded (runs); --federation: override the config's "
@@ -64,6 +66,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.site_files and args.federation:
         raise SystemExit("fed-auc evaluate: give --site files (local) or --federation, not both")
     if args.federation is not None:
+        if args.device is not None or args.precision is not None:
+            raise SystemExit(
+                "fed-auc evaluate --federation: each node scores on its own device and "
+                "precision ([node] device/precision in its site file); remove --device/--precision"
+            )
         evaluate_federation(args)
     elif args.site_files:
         evaluate_site_files(args)
@@ -90,7 +97,7 @@ def evaluate_site_files(args: argparse.Namespace) -> None:
             sites[site.name] = data
         splits = {name: getattr(data, args.split) for name, data in sites.items()}
         results = evaluate_model(
-            model, card, splits, n_boot=args.bootstrap, seed=args.seed, tta=args.tta
+            model, card, splits, args.bootstrap, args.seed, args.tta, _compute(args)
         )
     except ValueError as exc:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
@@ -194,7 +201,7 @@ def evaluate_data(args: argparse.Namespace) -> None:
             )
         splits = site_splits(sites, args.split, args.by_site)
         results = evaluate_model(
-            model, card, splits, n_boot=args.bootstrap, seed=args.seed, tta=args.tta
+            model, card, splits, args.bootstrap, args.seed, args.tta, _compute(args)
         )
     except ValueError as exc:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
@@ -207,3 +214,10 @@ def evaluate_data(args: argparse.Namespace) -> None:
             print(f"{site:<12} {label:<18} n {r['n']:<5} {text}")
     print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
     warn_suspect_images(sites)
+
+
+def _compute(args: argparse.Namespace):
+    """The device and precision of a local evaluation (a missing CUDA device is an error)."""
+    from fed_auc.node.compute import Compute
+
+    return Compute.of(args.device or "auto", args.precision or "fp32")

@@ -237,10 +237,26 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         help="one training per site without it, plus one with all: each site's held-out AUC "
         "beside its in-federation AUC",
     )
+    add_compute_arguments(p, "the in-process nodes; a site file's [node] device wins for its site")
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def add_compute_arguments(p: argparse.ArgumentParser, who: str) -> None:
+    """``--device`` and ``--precision`` (fed_auc.node.compute); None when not given."""
+    p.add_argument(
+        "--device",
+        help=f"where to compute ({who}): auto (CUDA when usable; default), cpu, cuda or "
+        "cuda:N; a CUDA device torch cannot use is an error",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        help="fp32 (default), or bf16/fp16 autocast for the network (a, b, α and what "
+        "travels stay fp32; fp16 with a loss scale)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ExperimentConfig:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fed_auc.cli.experiment_options import add_compute_arguments
 from fed_auc.experiment.files import load_experiment, load_resumed
 
 
@@ -60,6 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     n.add_argument(
         "--num-labels", type=int, default=1, help="labels of a synthetic site, for --check"
     )
+    add_compute_arguments(n, "this node; wins over its site file's [node] device")
     n.add_argument("--root-certificates", type=Path, help="the federation's CA (ca.pem)")
     n.add_argument("--auth-key", type=Path, help="this site's private key (keys/<site>.key)")
     n.add_argument("--insecure", action="store_true", help="no TLS, no key (loopback tests)")
@@ -114,7 +116,8 @@ def node(args: argparse.Namespace) -> int:
     from fed_auc.site import SiteDefinition, check_site_data
 
     try:
-        site = SiteDefinition.from_toml(args.site)
+        site = SiteDefinition.from_toml(args.site).with_compute(args.device, args.precision)
+        compute = site.compute()  # a device this machine lacks stops the node here
         if not args.check:  # a second node on this state directory is refused at once
             lock = _lock_state_dir(site)
         data = site.load(args.image_size, args.num_labels)
@@ -135,6 +138,7 @@ def node(args: argparse.Namespace) -> int:
         )
     if args.check:
         state = f"ready with {len(warnings)} warning(s)" if warnings else "ready"
+        print(f"fed-auc node --check: computes on {compute.device} in {compute.precision}")
         print(f"fed-auc node --check: {args.site} is {state} ({len(data.train)} training images)")
         return 0
     if args.coordinator is None:

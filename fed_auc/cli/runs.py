@@ -59,5 +59,3 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
             f"{r['run_id']}  {r['algorithm']:<11} {r['status']:<10} {r['started']}  "
             f"rounds {r['rounds']:<4} {headline_text(r)}"
         )
-
-

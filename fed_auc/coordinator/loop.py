@@ -31,7 +31,7 @@ from fed_auc.coordinator.robust import Aggregation
 from fed_auc.coordinator.scores import record_scores
 from fed_auc.coordinator.screening import InvalidReply, payload_size, validate_answer
 from fed_auc.coordinator.signals import phase_signals, tensor_norm
-from fed_auc.exchange import Broadcast, NodeFailure, Reply, payload_bytes
+from fed_auc.exchange import COMPUTE_METRICS, Broadcast, NodeFailure, Reply, payload_bytes
 from fed_auc.store.records import RoundRecord, SiteRound
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
@@ -362,6 +362,10 @@ class Coordinator:
             row.n = answer.num_examples
             row.positives = self.registrations[site]["positives"]
             row.train_loss = answer.metrics.get("train_loss", row.train_loss)
+            compute = {k: answer.metrics[k] for k in COMPUTE_METRICS if k in answer.metrics}
+            if compute:  # with the device and precision the site registered (last phase's)
+                declared = {k: self.registrations[site].get(k) for k in ("device", "precision")}
+                row.metrics["compute"] = {**declared, **compute}
             if "dp_epsilon" in answer.metrics:  # DP-SGD: the site's ε and its own σ
                 self.privacy[site] = (answer.metrics["dp_epsilon"], answer.metrics["dp_delta"])
                 row.metrics["dp_noise_multiplier"] = answer.metrics.get("dp_noise_multiplier")
@@ -409,5 +413,3 @@ class Coordinator:
     def close(self) -> None:
         self.wait_for_checkpoint()
         self._writer.shutdown()
-
-

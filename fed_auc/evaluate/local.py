@@ -27,6 +27,7 @@ from fed_auc.metrics.operating_point import (
 from fed_auc.metrics.pooled import pooled_from_bins
 from fed_auc.metrics.report import POOLED, label_result, worst_site_auc
 from fed_auc.models import DenseNetClassifier
+from fed_auc.node.compute import Compute
 from fed_auc.tta import check_tta, predict
 
 
@@ -37,9 +38,11 @@ def evaluate_model(
     n_boot: int = 1000,
     seed: int = 0,
     tta: str | None = None,
+    compute: Compute | None = None,
 ) -> dict[str, Any]:
     """Per-site and pooled results for every label; `sites` maps a name to its split.
-    ``tta`` None scores as the model was selected: the card's mode (``none`` if absent)."""
+    ``tta`` None scores as the model was selected: the card's mode (``none`` if absent).
+    ``compute``: the device and precision that score (None: fp32 on the CPU)."""
     names = card["label_names"]
     tta = check_tta(card.get("tta", "none") if tta is None else tta)
     num = len(names)
@@ -51,16 +54,20 @@ def evaluate_model(
                 f"site {site}: data has {split.num_labels} label(s), the model {num} ({names})"
             )
     thresholds = list(card.get("threshold") or [0.5] * num)
-    scored = {
-        site: (split.labels.numpy(), predict(model, split.images, tta))
-        for site, split in sites.items()
-    }
+    compute = compute or Compute(torch.device("cpu"))
+    model.to(compute.device)
+    with compute.autocast():
+        scored = {
+            site: (split.labels.numpy(), predict(model, split.images, tta))
+            for site, split in sites.items()
+        }
     if len(scored) > 1:
         scored[POOLED] = tuple(
             np.concatenate(parts) for parts in zip(*scored.values(), strict=True)
         )
     results: dict[str, Any] = {"label_names": names, "positive_class": card_positive_class(card),
-                               "bootstrap": n_boot, "tta": tta, "sites": {}}  # fmt: skip
+                               "bootstrap": n_boot, "tta": tta, **compute.describe(),
+                               "sites": {}}  # fmt: skip
     for site, (labels, scores) in scored.items():
         results["sites"][site] = {
             label: label_result(labels[:, j], scores[:, j], thresholds[j], n_boot, seed)

@@ -22,6 +22,7 @@ from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
 from fed_auc.losses import LOSSES
 from fed_auc.models import ARCHITECTURES, NORMS
+from fed_auc.node.compute import AUTO, check_device, check_precision
 from fed_auc.privacy.dp_sgd import DP_MODES
 from fed_auc.tta import TTA_MODES
 
@@ -111,6 +112,7 @@ class ExperimentChecks:
                 "or auc_square (cross-entropy works with fedavg only)"
             )
         check_choice("transport", self.transport, TRANSPORTS)
+        self._check_compute()
         self._check_sites_option()
         synthetic = parse_data_spec(self.data).kind == "synthetic"
         check_at_least("sites", self.sites, 1, MAX_SYNTHETIC_SITES if synthetic else None)
@@ -201,7 +203,6 @@ class ExperimentChecks:
             )
         self._check_secure_aggregation(backend)
 
-
     def _check_secure_aggregation(self, backend) -> None:
         """Refuse, by name and with the reason, what secure aggregation cannot do."""
         if not self.secure_aggregation:
@@ -240,7 +241,6 @@ class ExperimentChecks:
                 f"neighbourhood: itself and {k} neighbours of the {sampled} sampled sites "
                 f"({self.sites} sites, participation {self.participation})"
             )
-
 
     def _check_dp(self) -> None:
         if self.dp is not None:
@@ -286,6 +286,16 @@ class ExperimentChecks:
                 "outside the run's DP accountant; set it to 0 with dp = 'update' and noise"
             )
 
+    def _check_compute(self) -> None:
+        """The in-process nodes' device and precision; over Flower they are each node's."""
+        check_device(self.device, "device")
+        check_precision(self.precision, "precision")
+        if self.transport == "flower" and (self.device, self.precision) != (AUTO, "fp32"):
+            raise ValueError(
+                f"device = {self.device!r}, precision = {self.precision!r}: over Flower each "
+                "node's operator chooses them ([node] device and precision in its site file, "
+                "or fed-auc node --device/--precision); a coordinator never sets them"
+            )
 
     def _check_sites_option(self) -> None:
         """Options that describe a simulated federation: refused where sites own their data."""

@@ -158,6 +158,11 @@ class ExperimentConfig(ExperimentChecks):
     secure_aggregation_threshold: int | None = None
     secure_aggregation_neighbours: int | None = None
     runs_dir: str = "runs"
+    # Where the in-process nodes compute (fed_auc.node.compute): auto (CUDA when usable), cpu,
+    # cuda or cuda:N; in fp32, bf16 or fp16 (autocast). A site file's [node] device and
+    # precision win for its site; over Flower only the nodes choose.
+    device: str = "auto"
+    precision: str = "fp32"
     # The sites as files (fed_auc.site): exactly these hospitals, in-process, each with its own
     # data, splits and node settings, as `fed-auc node --site FILE` serves them over Flower.
     site_files: list[str] | None = None
@@ -368,5 +373,3 @@ class ExperimentConfig(ExperimentChecks):
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-

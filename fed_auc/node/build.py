@@ -26,7 +26,8 @@ def build_node(
     """The node of one site. The site's memory budget counts only under partial training;
     its augment/tta win over the experiment's; ``trainable``: a warm model shared by
     in-process nodes (never with partial training or personal models); its τ_i is what DP's
-    planner plans for."""
+    planner plans for; its compute (device, precision) is its operator's, never the
+    coordinator's: ``NodeSetup`` carries none."""
     check_batch_size(data, setup.batch_size)
     privacy = example = None
     if setup.example_dp is not None:
@@ -53,4 +54,5 @@ def build_node(
         local_steps=hosting.local_steps,
         augment=augment,
         tta=hosting.tta or (setup.tta if augment == setup.augment else None),
+        compute=hosting.compute,
     )

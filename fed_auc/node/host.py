@@ -15,6 +15,7 @@ from typing import Any
 from fed_auc.data.cards import site_summary
 from fed_auc.exchange import Broadcast, Evaluation, Reply
 from fed_auc.metrics.auc import mean_auc
+from fed_auc.node.compute import compute_line
 from fed_auc.node.node import Node
 from fed_auc.node.setup import SiteHosting
 from fed_auc.trainable import Tensors
@@ -83,6 +84,7 @@ class NodeHost:
             f"{node.name}: round {broadcast.round + 1} {broadcast.phase}: {reply.steps} steps"
             + ("" if loss is None else f", loss {loss:.4f}")
             + f", {time.perf_counter() - start:.1f} s"
+            + compute_line(node.compute, reply.metrics)
         )
         return reply
 

@@ -40,6 +40,7 @@ from fed_auc.metrics.auc import per_label_auc
 from fed_auc.metrics.operating_point import default_edges, score_bins
 from fed_auc.metrics.roc import per_label_roc
 from fed_auc.models import model_from_config
+from fed_auc.node.compute import Compute, Meter, to_host
 from fed_auc.privacy.accounting import NodeSecret, release_key
 from fed_auc.privacy.dp_sgd import ExampleDP, PrivateTraining
 from fed_auc.privacy.secure.messages import CONFIG_KEY
@@ -90,6 +91,7 @@ class Node:
         tta: str | None = None,
         example_dp: ExampleDP | None = None,
         local_steps: int | None = None,
+        compute: Compute | None = None,
     ) -> None:
         """``trainable``: a warm model shared with other in-process nodes (every request
         loads the global tensors into it first, so it carries nothing from one site to the
@@ -99,6 +101,9 @@ class Node:
         of sites holds one at a time.
         ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
         default for its ``augment``, as in ``fed-auc simulate``.
+        ``compute``: the device and precision the operator chose (None: fp32 on the CPU); the
+        whole local step and scoring run there, while local state and replies stay fp32 on
+        the CPU, so what is saved and what travels does not depend on it.
         """
         self.site = site
         self.tta = check_tta(default_tta(augment) if tta is None else tta)
@@ -111,7 +116,14 @@ class Node:
             raise ValueError("partial training and personal models need a node's own model")
         if trainable is None:
             trainable = Trainable.with_loss(model_from_config(model_config), loss_name)
-        self.trainable = trainable
+        self.compute = compute or Compute(torch.device("cpu"))
+        if example_dp is not None and self.compute.precision == "fp16":
+            raise ValueError(
+                f"site {site.name!r}: precision fp16 with dp = 'example' is not supported "
+                "(per-example gradients have no loss scale); use bf16 or fp32"
+            )
+        self.trainable = trainable.to(self.compute.device)
+        self.trainable.loss_scale = self.compute.loss_scale()
         self.state_in_memory = state_in_memory
         if memory_budget is not None:  # partial training: the suffix the budget allows
             where = f"site {site.name!r} memory_budget"
@@ -146,6 +158,7 @@ class Node:
             "trained_groups": self.trainable.trained_groups,
             "personalize": None if personalization is None else repr(personalization),
             "dp": repr(example_dp or privacy),
+            "compute": self.compute.describe(),  # another device or precision: other numbers
         }  # fmt: skip
         self.private_training = None
         if example_dp is not None:
@@ -182,19 +195,21 @@ class Node:
         return draws
 
     def registration(self) -> dict[str, Any]:
-        """Aggregate counts the coordinator needs (global prevalence); no images, no labels."""
+        """Aggregate counts the coordinator needs (global prevalence), and the device and
+        precision this node computes in (recorded per site); no images, no labels."""
         split = self.site.train
         return {
             "n": len(split),
             "positives": split.positives(),
             "known": split.known(),
             "trained_groups": self.trainable.trained_groups,
+            **self.compute.describe(),
         }
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
-        private, updates = self.private_training, self.private_updates
-        for dp in (private, updates):
+        updates = self.private_updates
+        for dp in (self.private_training, updates):
             if dp is not None:
                 dp.check_open()  # a site whose budget is spent trains no more
         self._sync_local_state(broadcast)
@@ -206,26 +221,7 @@ class Node:
             )
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        with private.update(self.trainable, key) if private else nullcontext() as log:
-            if self.personalization is None:
-                reply, self._local_state = self.backend.client_update(
-                    broadcast, self._local_state, self.trainable, self.batches
-                )
-            else:
-                reply, self._local_state, self._personal = self.personalization.train(
-                    self.backend,
-                    broadcast,
-                    self._local_state,
-                    self._personal,
-                    self.trainable,
-                    self.batches,
-                )
-        if private is not None:
-            try:  # counted in the site's ledger before it leaves, or not sent at all
-                reply = private.release(reply, broadcast, log)
-            except Exception:
-                self._local_state, self._personal = None, {}  # back to what is on disk
-                raise
+        reply, meter, images = self._update(broadcast, key)
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups
@@ -240,6 +236,7 @@ class Node:
             reply = sent
         if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves
             reply = self._client().masked_reply(reply, broadcast, self.backend)
+        reply.metrics = {**reply.metrics, **meter.metrics(images)}
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
         state = {
             "tag": self._pending_tag,
@@ -252,6 +249,36 @@ class Node:
         if not self.state_in_memory:  # read back from the pending file when next asked
             self._local_state, self._personal = None, {}
         return reply
+
+    def _update(self, broadcast: Broadcast, key: str) -> tuple[Reply, Meter, int]:
+        """The backend's local update on the node's device, measured; the reply and the new
+        local state come back fp32 on the CPU (what travels and what is saved)."""
+        private, compute = self.private_training, self.compute
+        batches = compute.batches(self.batches)
+        on_device = dataclasses.replace(broadcast, tensors=compute.move(broadcast.tensors))
+        local = compute.move(self._local_state)
+        with (
+            private.update(self.trainable, key) if private else nullcontext() as log,
+            compute.autocast(),
+            Meter(compute.device) as meter,
+        ):
+            if self.personalization is None:
+                reply, local = self.backend.client_update(on_device, local, self.trainable, batches)
+            else:
+                reply, local, personal = self.personalization.train(
+                    self.backend, on_device, local, compute.move(self._personal),
+                    self.trainable, batches,
+                )  # fmt: skip
+                self._personal = to_host(personal)
+        self._local_state = to_host(local)
+        reply.tensors = to_host(reply.tensors)
+        if private is not None:
+            try:  # counted in the site's ledger before it leaves, or not sent at all
+                reply = private.release(reply, broadcast, log)
+            except Exception:
+                self._local_state, self._personal = None, {}  # back to what is on disk
+                raise
+        return reply, meter, batches.images
 
     def secure_step(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
         """Answer a step of secure aggregation (``fed_auc.privacy.secure``)."""
@@ -346,5 +373,7 @@ class Node:
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor) -> np.ndarray:
-        """h = sigmoid(logit) for every image, in eval mode, averaged over the TTA views."""
-        return predict(self.trainable.model, images, self.tta, EVAL_BATCH)
+        """h = sigmoid(logit) for every image, in eval mode, averaged over the TTA views (on
+        the node's device and precision)."""
+        with self.compute.autocast():
+            return predict(self.trainable.model, images, self.tta, EVAL_BATCH)

@@ -13,13 +13,18 @@ from fed_auc.data.base import SiteData
 from fed_auc.exchange import MODEL_FORMAT, EvaluationRequest
 from fed_auc.metrics.report import label_result
 from fed_auc.models import model_from_config
+from fed_auc.node.compute import Compute
 from fed_auc.tta import predict
 
 
 def site_report(
-    data: SiteData, request: EvaluationRequest, tensors: dict[str, torch.Tensor]
+    data: SiteData,
+    request: EvaluationRequest,
+    tensors: dict[str, torch.Tensor],
+    compute: Compute | None = None,
 ) -> dict[str, Any]:
-    """On the node: per split and label, everything ``label_result`` reports; no scores."""
+    """On the node: per split and label, everything ``label_result`` reports; no scores.
+    ``compute``: the node's device and precision for scoring (None: fp32 on the CPU)."""
     if request.model_format != MODEL_FORMAT:
         raise ValueError(
             f"unknown model format {request.model_format!r}; this node reads {MODEL_FORMAT}"
@@ -32,10 +37,13 @@ def site_report(
     start = time.perf_counter()
     model = model_from_config(request.model_config)
     model.load_state_dict(tensors)
+    compute = compute or Compute(torch.device("cpu"))
+    model.to(compute.device)
     out: dict[str, Any] = {"site": data.name, "splits": {}}
     for split in request.splits:
         part = getattr(data, split)
-        scores = predict(model, part.images, request.tta)
+        with compute.autocast():
+            scores = predict(model, part.images, request.tta)
         labels = part.labels.numpy()
         out["splits"][split] = {
             label: label_result(

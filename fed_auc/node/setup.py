@@ -13,6 +13,7 @@ from typing import Any
 
 from fed_auc.algorithms.personal import Personalization
 from fed_auc.data.base import SiteData
+from fed_auc.node.compute import Compute
 
 SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
 
@@ -78,6 +79,7 @@ class SiteHosting:
     augment: str | None = None  # its own augmentation over the experiment's
     tta: str | None = None
     local_steps: int | None = None  # its own τ_i
+    compute: Compute | None = None  # its device and precision (None: fp32 on the CPU)
 
 
 def check_batch_size(data: SiteData, batch_size: int) -> None:

@@ -51,7 +51,7 @@ from fed_auc.privacy.accounting import (
     noise_for_plan,
 )
 from fed_auc.privacy.update_dp import DATA_METRICS
-from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable, batch_loss
+from fed_auc.trainable import AUC, WEIGHT, Tensors, Trainable, batch_loss, full_precision
 
 DP_MODES = ("update", "example")
 
@@ -74,9 +74,7 @@ class ExampleDP:
         validate_positive("dp_clip", self.clip)
         check_delta(self.delta)
         if self.noise_multiplier is None and self.target_epsilon is None:
-            raise ValueError(
-                "dp = 'example' needs dp_noise (σ) or target_epsilon (ε), got neither"
-            )
+            raise ValueError("dp = 'example' needs dp_noise (σ) or target_epsilon (ε), got neither")
         if self.noise_multiplier is not None:
             validate_positive("dp_noise", self.noise_multiplier)
         if self.target_epsilon is not None:
@@ -167,7 +165,9 @@ class PrivateGradients:
             out = []
             for g in per_example:
                 summed = torch.einsum("b,b...->...", scale.to(g.dtype), g)
+                # drawn on the CPU, so the noise is the same on every device
                 noise = torch.randn(summed.shape, generator=self.generator, dtype=summed.dtype)
+                noise = noise.to(summed.device)
                 out.append((summed + noise * (self.sigma * self.clip)) / normalizer)
             return out
 
@@ -200,19 +200,19 @@ def per_example_gradients(
     rows = len(x)
     shapes = {n: values[n].shape for n in names}
     if rows == 0:  # an empty Poisson batch: only noise will be released
-        return torch.zeros(()), [x.new_zeros((0, *shapes[n])) for n in names]
+        return torch.zeros((), device=x.device), [x.new_zeros((0, *shapes[n])) for n in names]
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise ValueError(
             "dp = 'example' needs a model without BatchNorm (it mixes the rows of a batch): "
             "build it with norm='group'"
         )
     with torch.no_grad():
-        logits = functional_call(model, weights, (x,))
+        logits = full_precision(functional_call(model, weights, (x,)))
     # The loss of each one-row batch and its gradient w.r.t. the row's logits and (a, b, α).
     upstream = torch.empty_like(logits)
     leaves = {k: v.clone().requires_grad_(True) for k, v in loss_vars.items()}
-    loss_grads = {k: torch.empty((rows, *v.shape), dtype=v.dtype) for k, v in leaves.items()}
-    total = torch.zeros((), dtype=logits.dtype)
+    loss_grads = {k: v.new_empty((rows, *v.shape)) for k, v in leaves.items()}
+    total = logits.new_zeros(())
     for i in range(rows):
         row = logits[i : i + 1].clone().requires_grad_(True)
         weight = None if row_weights is None else row_weights[i : i + 1]
@@ -255,8 +255,8 @@ class PrivateTraining:
         self.dp, self.site, self.batches, self.secret = dp, site, batches, secret
         self.plan = example_plan(draws, batches.sample_rate, dp.rounds)
         given = dp.noise_multiplier
-        self.sigma = given if given is not None else noise_for_plan(
-            dp.target_epsilon, dp.delta, self.plan
+        self.sigma = (
+            given if given is not None else noise_for_plan(dp.target_epsilon, dp.delta, self.plan)
         )
         self.planned_epsilon = check_plan(
             self.plan, self.sigma, dp.delta, dp.target_epsilon, site, dp.rounds

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from fed_auc.data.labels import federation_positive_class, positive_class_text
@@ -51,6 +52,7 @@ def render_card(card: dict[str, Any]) -> str:
             f"| {ci} |"
         )
     lines += _privacy_lines(card.get("privacy"))
+    lines += _compute_lines(card.get("compute"))
     lines += [
         "",
         "## Training data",
@@ -68,6 +70,50 @@ def render_card(card: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+PEAKS = ("host_peak_mib", "device_peak_mib")
+
+
+def compute_card(site_rounds: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per site, where it trained (device and precision of its last recorded round) and
+    what it cost over the run: median images per second, the highest peak memories."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in site_rounds.itertuples():
+        metrics = json.loads(row.metrics) if isinstance(row.metrics, str) else {}
+        compute = metrics.get("compute")
+        if compute:
+            out.setdefault(row.site, {"rounds": []})["rounds"].append(compute)
+    for seen in out.values():
+        rounds = seen.pop("rounds")
+        seen.update(device=rounds[-1].get("device"), precision=rounds[-1].get("precision"))
+        rates = [r["images_per_s"] for r in rounds if "images_per_s" in r]
+        seen["images_per_s"] = float(np.median(rates)) if rates else None
+        for key in PEAKS:
+            peaks = [r[key] for r in rounds if key in r]
+            seen[key] = max(peaks) if peaks else None
+    return out
+
+
+def _compute_lines(compute: dict[str, dict[str, Any]] | None) -> list[str]:
+    if not compute:
+        return []
+    lines = [
+        "",
+        "## Compute per site",
+        "",
+        "| site | device | precision | images/s (median) | host peak MiB | device peak MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for site, c in compute.items():
+        cells = [site, str(c.get("device")), str(c.get("precision"))]
+        cells += [_fmt_number(c.get(k)) for k in ("images_per_s", *PEAKS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fmt_number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:

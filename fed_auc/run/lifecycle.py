@@ -24,7 +24,13 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
 from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
-from fed_auc.registry.card import CardSettings, PrivacySettings, model_card, privacy_card
+from fed_auc.registry.card import (
+    CardSettings,
+    PrivacySettings,
+    compute_card,
+    model_card,
+    privacy_card,
+)
 from fed_auc.registry.export import export_model
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
@@ -65,8 +71,16 @@ def open_run(
 
         server.load(
             warm_start(
-                config, model, store, run_id, run_dir, warm_transport, pooled_scoring,
-                personal, sites.record, sites.fixed_steps,
+                config,
+                model,
+                store,
+                run_id,
+                run_dir,
+                warm_transport,
+                pooled_scoring,
+                personal,
+                sites.record,
+                sites.fixed_steps,
             )  # fmt: skip
         )
     coordinator = start_coordinator(
@@ -199,6 +213,7 @@ def close_run(
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
     card["privacy"] = privacy_card(settings.privacy, store.site_rounds(run_id), best.round)
+    card["compute"] = compute_card(store.site_rounds(run_id))
     summary["exported_auc"] = card["global_auc"]
     summary["threshold"] = thresholds
     if exported is not None:
@@ -292,5 +307,3 @@ def summarize(
             for row in final.itertuples()
         },
     }
-
-

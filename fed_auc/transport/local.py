@@ -78,7 +78,7 @@ class LocalTransport:
         from fed_auc.node.report import site_report
 
         def score(host: NodeHost) -> dict[str, Any]:
-            return site_report(host.node.site, request, tensors)
+            return site_report(host.node.site, request, tensors, host.node.compute)
 
         return {site: self._call(site, score) for site in sites}
 

@@ -28,12 +28,17 @@ TIMING = {"duration_s", "finished_at", "time", "id"}
 
 
 def comparable(frame: pd.DataFrame) -> pd.DataFrame:
-    """A store table without wall-clock columns, timings inside metrics, or ROC points (whose
+    """A store table without wall-clock columns, timings inside metrics, the node's compute
+    measurements (images/s, peak memory: the machine's, not the run's), or ROC points (whose
     number depends on exact score ties, which float tolerance does not preserve)."""
     frame = frame.drop(columns=[c for c in frame.columns if c in TIMING or c == "run_id"])
     if "metrics" in frame:
         frame["metrics"] = [
-            {k: v for k, v in json.loads(m).items() if not k.endswith("_s") and k != "roc"}
+            {
+                k: v
+                for k, v in json.loads(m).items()
+                if not k.endswith("_s") and k not in ("roc", "compute")
+            }
             if m
             else m
             for m in frame["metrics"]

@@ -84,7 +84,7 @@ class NodeWorker:
         setup = NodeSetup.from_dict(header["setup"])
         request = EvaluationRequest.from_dict(header["request"])
         tensors = frame_tensors((header, buffers), self._cache)
-        report = site_report(self._site_data(setup), request, tensors)
+        report = site_report(self._site_data(setup), request, tensors, self.site.compute())
         shown = ", ".join(
             f"{split} AUC " + " ".join(_fmt(r["auc"]) for r in labels.values())
             for split, labels in report["splits"].items()
