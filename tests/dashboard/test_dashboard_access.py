@@ -290,3 +290,12 @@ def test_sign_in_settings_come_from_the_config_file_and_the_secrets_are_per_laun
     config.write_text('auth = "oidc"\nport = 1\nsecret = "x"\n')
     with pytest.raises(SystemExit, match=r"unknown key\(s\) \['secret'\]"):
         _settings("--config", str(config))
+
+
+def test_an_experiment_name_is_recorded_with_the_run_for_the_access_file_to_match():
+    from fed_auc.cli.experiment_options import add_simulate_parser, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_simulate_parser(parser.add_subparsers())
+    args = parser.parse_args(["simulate", "--experiment", "onco-pilot"])
+    assert config_from_args(args).to_dict()["experiment"] == "onco-pilot"
