@@ -39,8 +39,9 @@ OIDC_KEYS = {
 }  # fmt: skip
 OIDC_REQUIRED = ("server_metadata_url", "client_id", "redirect_uri")
 OPEN_ENDPOINTS = (
-    "/_stcore/health and /_stcore/host-config (that it runs, its allowed origins), "
-    "/_stcore/metrics (session and cache counts), /static and /media (the app's JavaScript)"
+    "/_stcore/health (that it runs), /_stcore/host-config (Streamlit's allowed origins), "
+    "/_stcore/metrics (session counts and durations, cache sizes) and the page shell (the "
+    "same HTML and JavaScript for everyone); no run, site or figure"
 )
 
 
