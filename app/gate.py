@@ -132,7 +132,7 @@ def _refuse(user: dict[str, Any], event: str, message: str) -> None:
 
 
 @st.cache_resource(show_spinner=False)
-def _seen_sign_ins() -> set[tuple[str, Any]]:
+def _seen_sign_ins() -> set[tuple[str, str, Any]]:
     """ID tokens already audited as a sign-in by this server (a reload is not a new one)."""
     return set()
 
@@ -141,7 +141,7 @@ def record_sign_in(viewer: Viewer, page: str) -> None:
     """Audit the first page a new sign-in (a new ID token) opens."""
     if viewer.user is None:
         return
-    token = (viewer.name, viewer.user.get("iat"))
+    token = (str(_audit_path()), viewer.name, viewer.user.get("iat"))
     seen = _seen_sign_ins()
     if token not in seen:
         seen.add(token)
