@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import pandas as pd
@@ -118,7 +118,7 @@ def admit() -> Viewer:
     return Viewer(user, role, rules)
 
 
-def _refuse(user: dict[str, Any], event: str, message: str) -> None:
+def _refuse(user: dict[str, Any], event: str, message: str) -> NoReturn:
     if not st.session_state.get(f"_audited_{event}"):
         audit.record(_audit_path(), event, _name(user), None, _requested_page())
         st.session_state[f"_audited_{event}"] = True

@@ -32,7 +32,10 @@ from typing import Any
 
 CLIENT_SECRET_ENV = "FED_AUC_OIDC_CLIENT_SECRET"
 COOKIE_SECRET_ENV = "FED_AUC_COOKIE_SECRET"
-KEYS = {"runs_dir", "port", "host", "auth", "access_file", "audit_log", "insecure_public", "oidc"}
+TYPES = {
+    "runs_dir": str, "port": int, "host": str, "auth": str, "access_file": str,
+    "audit_log": str, "insecure_public": bool, "oidc": dict,
+}  # fmt: skip
 OIDC_KEYS = {
     "server_metadata_url", "client_id", "client_secret_file", "redirect_uri",
     "cookie_secret_file", "scope",
@@ -62,11 +65,18 @@ def settings(args: Any) -> Settings:
     values: dict[str, Any] = {}
     if args.config is not None:
         values.update(_read(Path(args.config)))
-    for key in KEYS - {"oidc"}:
+    for key in set(TYPES) - {"oidc"}:
         given = getattr(args, key, None)
         if given not in (None, False):
             values[key] = given
     where = f"fed-auc dashboard{f' (config {args.config})' if args.config else ''}"
+    for key, value in values.items():
+        expected = TYPES[key]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise SystemExit(f"{where}: {key} must be {expected.__name__}, not {value!r}")
+    for key, value in values.get("oidc", {}).items():
+        if not isinstance(value, str) or not value:
+            raise SystemExit(f"{where}: [oidc] {key} must be a non-empty string, not {value!r}")
     result = Settings(**values)
     if result.auth not in ("none", "oidc"):
         raise SystemExit(f"{where}: auth must be 'none' or 'oidc', not {result.auth!r}")
@@ -91,11 +101,11 @@ def _read(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise SystemExit(f"fed-auc dashboard: config {path}: {e}") from None
-    unknown = set(data) - KEYS
+    unknown = set(data) - set(TYPES)
     if unknown:
         raise SystemExit(
             f"fed-auc dashboard: config {path}: unknown key(s) {sorted(unknown)}; "
-            f"known: {sorted(KEYS)}"
+            f"known: {sorted(TYPES)}"
         )
     oidc = data.get("oidc", {})
     if not isinstance(oidc, dict) or set(oidc) - OIDC_KEYS:

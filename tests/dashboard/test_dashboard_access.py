@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,6 +21,7 @@ from app.gate import ACCESS_FILE_ENV
 from fed_auc.cli.dashboard_process import add_dashboard_parser
 from tests.support.apptest import APP, texts
 from tests.support.dashboard_store import fill
+from tests.support.paths import ROOT
 
 ACCESS = """
 [[people]]
@@ -290,6 +293,20 @@ def test_sign_in_settings_come_from_the_config_file_and_the_secrets_are_per_laun
     config.write_text('auth = "oidc"\nport = 1\nsecret = "x"\n')
     with pytest.raises(SystemExit, match=r"unknown key\(s\) \['secret'\]"):
         _settings("--config", str(config))
+    config.write_text('port = "8501"\n')
+    with pytest.raises(SystemExit, match=rf"config {config}\): port must be int, not '8501'"):
+        _settings("--config", str(config))
+
+
+def test_the_command_refuses_a_public_bind_without_sign_in_and_says_why(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "fed_auc.cli", "dashboard", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "refusing to serve the dashboard on 0.0.0.0 without sign-in" in done.stderr
+    assert "--auth oidc" in done.stderr and "--insecure-public" in done.stderr
+    assert "http://" not in done.stderr  # no URL printed for a server that never starts
 
 
 def test_an_experiment_name_is_recorded_with_the_run_for_the_access_file_to_match():
