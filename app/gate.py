@@ -19,7 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from app import access, audit
-from app.access import Access, Role
+from app.access import Access, AccessFileError, Role
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
 DEFAULT_PAGE = "overview"
@@ -53,13 +53,15 @@ def _access(path: str, version: float) -> Access:
 
 
 def _load_access() -> Access:
-    """The access file, re-read whenever it changes (edits apply without a restart)."""
+    """The access file, re-read whenever it changes (edits apply without a restart). One
+    that has become unreadable or wrong shuts everyone out until it is fixed."""
     path = Path(os.environ[ACCESS_FILE_ENV])
     try:
-        version = path.stat().st_mtime_ns
-    except OSError:
-        version = -1.0
-    return _access(str(path), version)
+        return _access(str(path), path.stat().st_mtime_ns)
+    except (OSError, AccessFileError) as e:
+        st.title("fed-auc dashboard")
+        st.error(f"Nobody can open the dashboard until its access file is fixed: {e}")
+        st.stop()
 
 
 def _audit_path() -> Path:

@@ -316,3 +316,12 @@ def test_an_experiment_name_is_recorded_with_the_run_for_the_access_file_to_matc
     add_simulate_parser(parser.add_subparsers())
     args = parser.parse_args(["simulate", "--experiment", "onco-pilot"])
     assert config_from_args(args).to_dict()["experiment"] == "onco-pilot"
+
+
+def test_an_access_file_broken_while_serving_shuts_everyone_out(signed_in, tmp_path):
+    open_as, _ = signed_in
+    (tmp_path / "access.toml").write_text('[[people]]\nemail = "x"\nrole = "operator"\n')
+    at = open_as(OLU)
+    assert "Nobody can open the dashboard until its access file is fixed" in texts(at)
+    assert "'x' is not an e-mail address" in texts(at)
+    assert not at.exception and not at.sidebar.selectbox and not at.button
