@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import queries
+from app import gate, queries
 from app.queries import RunData
 
 RUNS_DIR_ENV = "FED_AUC_RUNS_DIR"
@@ -49,14 +49,20 @@ def load_roc_points(run_id: str, round_: int) -> dict:
 
 
 def load_runs() -> pd.DataFrame | None:
-    """All runs, or None when the runs directory has no store yet."""
+    """The runs the viewer may see (all without sign-in), or None when the runs directory
+    has no store yet."""
     directory = runs_dir()
     if not queries.store_path(directory).exists():
         return None
-    return _runs(str(directory), queries.store_version(directory))
+    return gate.visible_runs(_runs(str(directory), queries.store_version(directory)))
 
 
 def load_run(run_id: str) -> RunData:
+    """One run, if the viewer may see it (the picker offers no other; this guards the rest)."""
+    runs = load_runs()
+    if runs is None or run_id not in set(runs["id"]):
+        st.error(f"No run {run_id} that you may see in this store.")
+        st.stop()
     directory = runs_dir()
     return _run_data(str(directory), run_id, queries.store_version(directory))
 

@@ -26,14 +26,16 @@ def start_dashboard(
     runs_dir: str | Path,
     port: int | None = None,
     command: Sequence[str | Path] = (sys.executable, "-m", "fed_auc.cli"),
+    options: Sequence[str] = (),
     **popen: Any,
 ) -> tuple[subprocess.Popen, str]:
-    """``command dashboard`` over ``runs_dir`` on ``port`` (default: a free one), stdout
-    discarded, stderr piped; returns the process and its URL once it answers. One that exits
-    or does not answer within ``STARTUP_S`` is killed and RuntimeError carries its stderr."""
+    """``command dashboard`` over ``runs_dir`` on ``port`` (default: a free one) with further
+    ``options`` (e.g. ``--auth oidc``), stdout discarded, stderr piped; returns the process
+    and its URL once it answers. One that exits or does not answer within ``STARTUP_S`` is
+    killed and RuntimeError carries its stderr."""
     port = port or free_port()
     process = subprocess.Popen(
-        [*command, "dashboard", "--runs-dir", str(runs_dir), "--port", str(port)],
+        [*command, "dashboard", "--runs-dir", str(runs_dir), "--port", str(port), *options],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,9 @@
 """Entry point of the dashboard: ``streamlit run app/streamlit_app.py`` (or ``fed-auc dashboard``).
 
 The runs directory comes from the environment variable FED_AUC_RUNS_DIR (default ``runs``).
-The run picker lives in the sidebar, so every page shows the same run.
+The run picker lives in the sidebar, so every page shows the same run. With sign-in on
+(``fed-auc dashboard --auth oidc``), nobody gets past ``gate.admit`` unless the access file
+names them, and the navigation holds only the pages of their role.
 """
 
 import sys
@@ -12,19 +14,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import streamlit as st  # noqa: E402
 
-from app import common  # noqa: E402
+from app import common, gate  # noqa: E402
+from app.access import PAGES as ROLE_PAGES  # noqa: E402
 
 st.set_page_config(page_title="fed-auc dashboard", layout="wide")
-PAGES = [
-    st.Page("views/overview.py", title="Overview", default=True),
-    st.Page("views/sites.py", title="Sites"),
-    st.Page("views/heterogeneity.py", title="Heterogeneity"),
-    st.Page("views/participation.py", title="Participation"),
-    st.Page("views/compare.py", title="Compare"),
-    st.Page("views/roc.py", title="ROC"),
-    st.Page("views/operating_point.py", title="Operating point"),
-    st.Page("views/evaluations.py", title="Evaluations"),
-]
-page = st.navigation(PAGES)
+viewer = gate.admit()
+PAGES = {
+    "overview": st.Page("views/overview.py", title="Overview", default=True),
+    "sites": st.Page("views/sites.py", title="Sites"),
+    "heterogeneity": st.Page("views/heterogeneity.py", title="Heterogeneity"),
+    "participation": st.Page("views/participation.py", title="Participation"),
+    "compare": st.Page("views/compare.py", title="Compare"),
+    "roc": st.Page("views/roc.py", title="ROC"),
+    "operating_point": st.Page("views/operating_point.py", title="Operating point"),
+    "evaluations": st.Page("views/evaluations.py", title="Evaluations"),
+}
+allowed = {key: p for key, p in PAGES.items() if key in ROLE_PAGES[viewer.role]}
+page = st.navigation(list(allowed.values()))
+gate.record_sign_in(viewer, next(k for k, p in allowed.items() if p == page))
+gate.sidebar(viewer)
 common.run_picker()
 page.run()

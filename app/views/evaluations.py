@@ -20,6 +20,7 @@ def body(run_id: str) -> None:
     st.title("Evaluations")
     st.caption(f"Positive class: {common.positive_class_text(common.load_run(run_id))}")
     table = jobs(common.runs_dir(), run_id)
+    table = table[table["run_id"].isin(common.load_runs()["id"])]  # jobs the viewer may see
     if table.empty:
         st.info(
             "No evaluation job recorded under this run, and none scored its model. "

@@ -6,29 +6,55 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fed_auc.cli.dashboard_auth import Settings
 
 
 def add_dashboard_parser(sub: argparse._SubParsersAction) -> None:
     dashboard = sub.add_parser("dashboard", help="open the Streamlit dashboard over a run store")
-    dashboard.add_argument("--runs-dir", default="runs")
-    dashboard.add_argument("--port", type=int, default=8501)
-    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dashboard.add_argument("--config", help="TOML file with these settings and [oidc]")
+    dashboard.add_argument("--runs-dir", help="default: runs")
+    dashboard.add_argument("--port", type=int, help="default: 8501")
+    dashboard.add_argument(
+        "--host", help="address to listen on (default 127.0.0.1; others need --auth oidc)"
+    )
+    dashboard.add_argument(
+        "--auth", choices=["none", "oidc"],
+        help="oidc: sign in through the hospital's OpenID Connect provider ([oidc] in --config)",
+    )  # fmt: skip
+    dashboard.add_argument(
+        "--access-file", help="TOML naming who may open it, and their role (with --auth oidc)"
+    )
+    dashboard.add_argument(
+        "--audit-log", help="sign-ins, refusals, sign-outs (default dashboard-audit.log)"
+    )
+    dashboard.add_argument(
+        "--insecure-public", action="store_true",
+        help="serve a non-loopback address without sign-in (only behind a signing-in proxy)",
+    )  # fmt: skip
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    return dashboard(args.runs_dir, args.port, args.host)
+    from fed_auc.cli.dashboard_auth import settings
+
+    return dashboard(settings(args))
 
 
-def dashboard(runs_dir: str, port: int, host: str) -> int:
+def dashboard(config: Settings) -> int:
     """``streamlit run app/streamlit_app.py``, headless, no usage statistics; the runs
     directory travels in FED_AUC_RUNS_DIR. The app ships in the wheel beside ``fed_auc``.
+    With ``auth = "oidc"`` the access file and audit log travel in the environment too, and
+    the provider in a secrets file of this launch's own, removed when it ends.
 
     SIGTERM, SIGINT and SIGHUP are passed on to Streamlit and waited for, and Streamlit is
     told by the kernel to stop if this process dies anyway: it never outlives the command."""
     import importlib.util
     import os
-    import signal
-    import subprocess
+    import shutil
+
+    from fed_auc.cli.dashboard_auth import OPEN_ENDPOINTS, write_secrets
 
     script = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
     if not script.exists():
@@ -38,13 +64,65 @@ def dashboard(runs_dir: str, port: int, host: str) -> int:
             "fed-auc dashboard needs the dashboard extra (streamlit is missing): "
             "pip install -c constraints.txt -e '.[dashboard]'"
         )
+    runs_dir, host, port = config.runs_dir, config.host, config.port
     env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
+    for name in ("FED_AUC_ACCESS_FILE", "FED_AUC_AUDIT_LOG"):
+        env.pop(name, None)  # sign-in is on only when this command turns it on
     command = [
         sys.executable, "-m", "streamlit", "run", str(script),
         "--server.headless", "true", "--server.port", str(port), "--server.address", host,
         "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
     ]  # fmt: skip
-    print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}", file=sys.stderr)
+    secrets_dir = None
+    if config.auth == "oidc":
+        env["FED_AUC_ACCESS_FILE"] = str(_access_file(config.access_file))
+        env["FED_AUC_AUDIT_LOG"] = str(_audit_log(config.audit_log, runs_dir))
+        secrets_dir = write_secrets(config.oidc)
+        command += ["--secrets.files", str(secrets_dir / "secrets.toml")]
+        state = f"sign-in through {config.oidc['server_metadata_url']}"
+    else:
+        state = "UNAUTHENTICATED: anyone who reaches this address sees every run"
+        if config.insecure_public:
+            print(
+                f"fed-auc dashboard: WARNING: serving {host} without sign-in (--insecure-public)"
+                ": only safe behind a proxy that signs people in (hospitals/README.md)",
+                file=sys.stderr,
+            )
+    print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}, {state}", file=sys.stderr)
+    print(f"fed-auc dashboard: open without sign-in: {OPEN_ENDPOINTS}", file=sys.stderr)
+    try:
+        return _serve(command, env)
+    finally:
+        if secrets_dir is not None:
+            shutil.rmtree(secrets_dir, ignore_errors=True)
+
+
+def _access_file(path: str | None) -> Path:
+    """The access file, checked before Streamlit starts (the app re-reads it on change)."""
+    from app.access import AccessFileError, load
+
+    try:
+        load(str(path))
+    except AccessFileError as e:
+        raise SystemExit(f"fed-auc dashboard: {e}") from None
+    return Path(str(path)).resolve()
+
+
+def _audit_log(path: str, runs_dir: str) -> Path:
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(Path(runs_dir).resolve()):
+        raise SystemExit(
+            f"fed-auc dashboard: audit log {path} lies in the runs directory {runs_dir}: the "
+            "dashboard never writes there; put it elsewhere (--audit-log)"
+        )
+    return resolved
+
+
+def _serve(command: list[str], env: dict[str, str]) -> int:
+    """Run Streamlit until it exits; signals passed on, never left behind."""
+    import signal
+    import subprocess
+
     process = subprocess.Popen(command, env=env, preexec_fn=_stop_with_parent)
     received: list[int] = []
 

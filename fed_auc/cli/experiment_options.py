@@ -195,6 +195,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     )
     add_data_arguments(p)
     p.add_argument(
+        "--experiment",
+        help="name of the study this run belongs to, recorded with it (the dashboard's access "
+        "file can restrict an experiment's runs to some people)",
+    )
+    p.add_argument(
         "--warmup-rounds",
         type=int,
         help="fedavg + cross-entropy rounds before the AUC loss (default: 10 for image files "

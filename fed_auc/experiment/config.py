@@ -178,6 +178,9 @@ class ExperimentConfig(ExperimentChecks):
     # External validation (fed_auc.run.holdout): these sites never train; after training the
     # exported model is scored at every site. [] scores it everywhere with none held out.
     hold_out: list[str] | None = None
+    # A name for the study this run belongs to, recorded with the run: the dashboard's access
+    # file can show an experiment's runs to some people only (app/access.py).
+    experiment: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss is None:

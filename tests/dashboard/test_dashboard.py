@@ -250,11 +250,12 @@ def test_dashboard_without_streamlit_says_which_extra_instead_of_printing_a_url(
 ):
     import importlib.util
 
+    from fed_auc.cli.dashboard_auth import Settings
     from fed_auc.cli.dashboard_process import dashboard
 
     real = importlib.util.find_spec
     missing = lambda name, *a: None if name == "streamlit" else real(name, *a)  # noqa: E731
     monkeypatch.setattr(importlib.util, "find_spec", missing)
     with pytest.raises(SystemExit, match=r"dashboard extra .*\[dashboard\]"):
-        dashboard("runs", 8501, "127.0.0.1")
+        dashboard(Settings())
     assert "http://" not in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""Who may open the dashboard, with which role, and which runs they see: the access file.
+
+A sign-in through the hospital's OpenID Connect provider says who someone is, never what they
+may see; this file does. No Streamlit here, so the rules are tested without a browser.
+
+    max_session_hours = 12           # then sign in again (optional; default 12)
+
+    [[people]]                       # by e-mail (the ID token's ``email`` claim)
+    email = "ana.lima@north.example"
+    role = "clinician"
+
+    [[people]]                       # by any ID-token claim, e.g. a group
+    claim = "groups"
+    value = "fed-auc-operators"
+    role = "operator"
+
+    [[restricted]]                   # a run (or every run of an experiment) only some see
+    experiment = "breast-pilot"      # or: run = "<run id>"
+    visible_to = [{ email = "ana.lima@north.example" }, { claim = "groups", value = "onco" }]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Role = Literal["clinician", "operator"]
+DEFAULT_SESSION_HOURS = 12  # a sign-in older than this is renewed (Streamlit keeps 30 days)
+ROLES: tuple[Role, ...] = ("clinician", "operator")  # ascending: an operator sees more
+# Page keys (the file names under app/views/) each role opens. A clinician reads the exported
+# model and its per-site figures; events, participation, heterogeneity signals and run
+# comparisons are for the people who run the federation.
+PAGES: dict[Role, frozenset[str]] = {
+    "clinician": frozenset({"overview", "sites", "roc", "operating_point", "evaluations"}),
+    "operator": frozenset(
+        {"overview", "sites", "heterogeneity", "participation", "compare", "roc",
+         "operating_point", "evaluations"}
+    ),
+}  # fmt: skip
+
+
+class AccessFileError(ValueError):
+    """The access file is missing or malformed; the message names the file, entry and field."""
+
+
+@dataclass(frozen=True)
+class Who:
+    """One person or group: an e-mail, or an ID-token claim's value (a list claim contains it)."""
+
+    email: str | None = None
+    claim: str | None = None
+    value: str | None = None
+
+    def matches(self, user: Mapping[str, Any]) -> bool:
+        if self.email is not None:
+            # A provider that says the address is unverified does not prove it.
+            if user.get("email_verified") is False:
+                return False
+            return str(user.get("email", "")).casefold() == self.email.casefold()
+        held = user.get(str(self.claim))
+        if isinstance(held, list | tuple):
+            return self.value in [str(v) for v in held]
+        return held is not None and str(held) == self.value
+
+    def describe(self) -> str:
+        return self.email if self.email is not None else f"{self.claim}={self.value}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    who: Who
+    role: Role
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """A run id or an experiment name that only ``visible_to`` (and nobody else) sees."""
+
+    run: str | None
+    experiment: str | None
+    visible_to: tuple[Who, ...]
+
+    def covers(self, run_id: str, config: Mapping[str, Any] | None) -> bool:
+        if self.run is not None:
+            return run_id == self.run
+        return (config or {}).get("experiment") == self.experiment
+
+
+@dataclass(frozen=True)
+class Access:
+    grants: tuple[Grant, ...]
+    restrictions: tuple[Restriction, ...]
+    max_session_s: float = DEFAULT_SESSION_HOURS * 3600
+
+    def role_of(self, user: Mapping[str, Any]) -> Role | None:
+        """The highest role any matching entry gives, or None: signed in but not allowed."""
+        roles = [g.role for g in self.grants if g.who.matches(user)]
+        return max(roles, key=ROLES.index) if roles else None
+
+    def sees_run(
+        self, user: Mapping[str, Any], run_id: str, config: Mapping[str, Any] | None
+    ) -> bool:
+        """A run no restriction covers is visible to everyone allowed in; one that some
+        restrictions cover, only to the people every one of them names."""
+        covering = [r for r in self.restrictions if r.covers(run_id, config)]
+        return all(any(w.matches(user) for w in r.visible_to) for r in covering)
+
+
+def load(path: str | Path) -> Access:
+    """Read and check an access file; AccessFileError names what is wrong and where."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AccessFileError(f"access file {path}: not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise AccessFileError(f"access file {path}: {e}") from None
+    unknown = set(data) - {"people", "restricted", "max_session_hours"}
+    if unknown:
+        raise AccessFileError(
+            f"access file {path}: unknown key(s) {sorted(unknown)}; "
+            "expected [[people]], [[restricted]] and max_session_hours"
+        )
+    hours = data.get("max_session_hours", DEFAULT_SESSION_HOURS)
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours > 0:
+        raise AccessFileError(
+            f"access file {path}: max_session_hours must be a positive number, not {hours!r}"
+        )
+    people = _tables(path, data, "people")
+    if not people:
+        raise AccessFileError(f"access file {path}: no [[people]] entry, so nobody could sign in")
+    grants = tuple(_grant(path, i, entry) for i, entry in enumerate(people))
+    restrictions = tuple(
+        _restriction(path, i, entry) for i, entry in enumerate(_tables(path, data, "restricted"))
+    )
+    return Access(grants, restrictions, float(hours) * 3600)
+
+
+def _tables(path: Path, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise AccessFileError(f"access file {path}: {key} must be an array of tables [[{key}]]")
+    return value
+
+
+def _who(where: str, entry: dict[str, Any], extra: set[str]) -> Who:
+    unknown = set(entry) - {"email", "claim", "value"} - extra
+    if unknown:
+        raise AccessFileError(f"{where}: unknown field(s) {sorted(unknown)}")
+    for key in ("email", "claim", "value"):
+        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
+            raise AccessFileError(f"{where}: {key} must be a non-empty string, not {entry[key]!r}")
+    if "email" in entry and ("claim" in entry or "value" in entry):
+        raise AccessFileError(f"{where}: give either email or claim + value, not both")
+    if "email" in entry:
+        if "@" not in entry["email"]:
+            raise AccessFileError(f"{where}: email {entry['email']!r} is not an e-mail address")
+        return Who(email=entry["email"].strip())
+    if "claim" not in entry or "value" not in entry:
+        raise AccessFileError(f"{where}: needs email, or claim and value")
+    return Who(claim=entry["claim"], value=entry["value"])
+
+
+def _grant(path: Path, i: int, entry: dict[str, Any]) -> Grant:
+    where = f"access file {path}, [[people]] entry {i + 1}"
+    who = _who(where, entry, {"role"})
+    role = entry.get("role")
+    if role not in ROLES:
+        raise AccessFileError(f"{where}: role must be one of {list(ROLES)}, not {role!r}")
+    return Grant(who, role)
+
+
+def _restriction(path: Path, i: int, entry: dict[str, Any]) -> Restriction:
+    where = f"access file {path}, [[restricted]] entry {i + 1}"
+    unknown = set(entry) - {"run", "experiment", "visible_to"}
+    if unknown:
+        raise AccessFileError(f"{where}: unknown field(s) {sorted(unknown)}")
+    if ("run" in entry) == ("experiment" in entry):
+        raise AccessFileError(f"{where}: give exactly one of run or experiment")
+    for key in ("run", "experiment"):
+        if key in entry and not (isinstance(entry[key], str) and entry[key]):
+            raise AccessFileError(f"{where}: {key} must be a non-empty string, not {entry[key]!r}")
+    visible = entry.get("visible_to")
+    tables = isinstance(visible, list) and all(isinstance(v, dict) for v in visible)
+    if not tables or not visible:
+        raise AccessFileError(
+            f"{where}: visible_to must be a non-empty list of {{ email = ... }} or "
+            "{ claim = ..., value = ... } tables"
+        )
+    who = tuple(_who(f"{where}, visible_to[{j}]", v, set()) for j, v in enumerate(visible))
+    return Restriction(entry.get("run"), entry.get("experiment"), who)
