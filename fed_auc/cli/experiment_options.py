@@ -237,6 +237,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         help="one training per site without it, plus one with all: each site's held-out AUC "
         "beside its in-federation AUC",
     )
+    p.add_argument(
+        "--init",
+        metavar="PATH",
+        help="start from these weights: a registered model folder (continue it), or a "
+        "state_dict of fed-auc's MONAI DenseNet, torchvision's ImageNet DenseNet121/169/201 or "
+        "torchxrayvision's DenseNet121 (.pt/.pth read with weights_only, or .safetensors); "
+        "the network and input normalization come from the file",
+    )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")

@@ -1,0 +1,44 @@
+"""Weight files built in the test, with torchvision's or torchxrayvision's key names and random
+values (neither package is imported: their names are written out here, as MONAI's converter
+reads them)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from fed_auc.models import build_model
+
+_MONAI_LAYER = re.compile(r"^net\.features\.(denseblock\d+\.denselayer\d+)\.layers\.(.+)$")
+
+
+def torchvision_name(monai: str) -> str:
+    """The torchvision name of a fed-auc (MONAI) tensor name."""
+    layer = _MONAI_LAYER.match(monai)
+    if layer:
+        return f"features.{layer.group(1)}.{layer.group(2)}"
+    if monai.startswith("net.class_layers.out."):
+        return "classifier." + monai.rsplit(".", 1)[1]
+    return monai.removeprefix("net.")
+
+
+def densenet_file(
+    arch: str, outputs: int, in_channels: int, seed: int = 1, xrv: bool = False
+) -> dict[str, torch.Tensor]:
+    """A state_dict with torchvision's key names (``xrv``: torchxrayvision's, with its
+    operating thresholds) for ``arch``: random values, ``in_channels`` input channels,
+    ``outputs`` classifier outputs."""
+    generator = torch.Generator().manual_seed(seed)
+    model = build_model(arch, num_labels=outputs, in_channels=in_channels)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        value = (
+            tensor.clone()
+            if not tensor.is_floating_point()
+            else torch.randn(tensor.shape, generator=generator).abs() + 0.1
+        )
+        out[torchvision_name(name)] = value
+    if xrv:
+        out["op_threshs"] = torch.rand(outputs, generator=generator)
+    return out
