@@ -4,7 +4,8 @@ state_dict, mapped onto fed-auc's network with nothing loaded silently or left o
 
 Every tensor of the file is loaded, converted (the first convolution's colour channels
 summed into the one gray channel) or replaced (a classifier for other labels, with its
-operating thresholds), and anything else is an error naming the file and the tensor; every
+operating thresholds; BatchNorm's running statistics in a GroupNorm network, which DP
+needs: its scale and shift are loaded), and anything else is an error naming the file and the tensor; every
 tensor of the model is loaded or listed as initialized. The report goes on the model card.
 The name mapping is MONAI's own (``monai.networks.nets.densenet._load_state_dict``).
 """
@@ -30,6 +31,7 @@ CLASSIFIER = ("net.class_layers.out.weight", "net.class_layers.out.bias")
 # torchvision's dense layers: features.denseblockB.denselayerL.norm1.weight, or norm.1 in
 # old files; MONAI puts the same modules under .layers.
 _LAYER = re.compile(r"^features\.(denseblock\d+\.denselayer\d+)\.(norm|relu|conv)\.?([12])\.(.+)$")
+_BATCH_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 _BLOCK = re.compile(r"denseblock(\d+)\.denselayer(\d+)\.")
 
 
@@ -131,6 +133,9 @@ def apply_init(init: InitWeights, model: DenseNetClassifier) -> dict[str, Any]:
         dest = monai_name(name, init.source)
         if dest is None:
             replaced.append(name)
+            continue
+        if dest not in target and model.norm == "group" and name.endswith(_BATCH_STATISTICS):
+            replaced.append(name)  # GroupNorm (DP) keeps no running statistics
             continue
         if dest not in target:
             raise ValueError(

@@ -90,3 +90,42 @@ def test_stopped_init_run_resumes_to_the_uninterrupted_model(
     assert (
         "## Starting weights" in (Path(resumed["model_path"]).parent / "MODEL_CARD.md").read_text()
     )
+
+
+@pytest.fixture(scope="module")
+def plain_start(tmp_path_factory, imagenet_file: Path) -> dict:
+    runs = tmp_path_factory.mktemp("plain")
+    return run_simulation(ExperimentConfig(runs_dir=str(runs), rounds=1, init=str(imagenet_file),
+                                           **OPTIONS))  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{"partial_training": True}, {"personalize": "head"}, {"secure_aggregation": True}],
+    ids=["partial", "personal", "secure"],
+)
+def test_init_start_works_with_partial_personal_and_secure_runs(
+    tmp_path: Path, imagenet_file: Path, plain_start: dict, options: dict
+) -> None:
+    config = ExperimentConfig(runs_dir=str(tmp_path), rounds=1, init=str(imagenet_file),
+                              **OPTIONS, **options)  # fmt: skip
+    summary = run_simulation(config)
+    assert summary["global_auc"][0] == plain_start["global_auc"][0]  # the same round-0 model
+    _, card = load_registered_model(summary["model_path"])
+    assert card["init"]["converted"] == ["features.conv0.weight"]
+
+
+def test_init_start_under_dp_sgd_loads_norm_scales_not_batch_statistics(
+    tmp_path: Path, imagenet_file: Path
+) -> None:
+    config = ExperimentConfig(runs_dir=str(tmp_path), rounds=1, init=str(imagenet_file),
+                              dp="example", dp_clip=1.0, dp_noise=1.0, **OPTIONS)  # fmt: skip
+    summary = run_simulation(config)
+    model, card = load_registered_model(summary["model_path"])
+    assert model.norm == "group"
+    statistics = [n for n in card["init"]["replaced"] if n.startswith("features.")]
+    assert statistics and all(n.endswith(("running_mean", "running_var", "num_batches_tracked"))
+                              for n in statistics)  # fmt: skip
+    assert "features.norm0.weight" in card["init"]["loaded"]
+    assert card["privacy"]["sites"]  # the accountant ran as in any DP-SGD run
