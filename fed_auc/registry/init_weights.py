@@ -5,8 +5,9 @@ state_dict, mapped onto fed-auc's network with nothing loaded silently or left o
 Every tensor of the file is loaded, converted (the first convolution's colour channels
 summed into the one gray channel) or replaced (a classifier for other labels, with its
 operating thresholds; BatchNorm's running statistics in a GroupNorm network, which DP
-needs: its scale and shift are loaded), and anything else is an error naming the file and the tensor; every
-tensor of the model is loaded or listed as initialized. The report goes on the model card.
+needs: its scale and shift are loaded), and anything else is an error naming the file and
+the tensor; every tensor of the model is loaded or listed as initialized. The report goes on
+the model card.
 The name mapping is MONAI's own (``monai.networks.nets.densenet._load_state_dict``).
 """
 
