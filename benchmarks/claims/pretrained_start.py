@@ -14,8 +14,9 @@ Two measurements:
    from a FedAvg-CE model an earlier federation registered (its rounds = the warm-up's); and,
    as the reference, CODASCA with the same number of fedavg + CE warm-up rounds inside the run.
 
-    python -m benchmarks.claims.pretrained_start --seeds 0 1 2 3 4 --jobs 2 \\
+    python -m benchmarks.claims.pretrained_start --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 \\
         --markdown benchmarks/results/pretrained_start.md
+    python -m benchmarks.claims.pretrained_start --quick     # 2 seeds, 2 + 3 rounds
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from benchmarks.common.simulate import simulate
 from benchmarks.common.stats import paired_ci
 from benchmarks.rare_positives.auc_vs_ce import AUC_RECIPE, breast
 
+# The rounds of auc_vs_ce's BreastMNIST recipe (tiny network, lr 0.8, 5 + 15 rounds).
 WARMUP = 5  # the FedAvg-CE rounds: registered by the earlier federation, or in-run warm-up
 ROUNDS = 15  # CODASCA's rounds in every arm
+QUICK = (2, 3)  # --quick: warm-up and CODASCA rounds
 BASE = ["--model", "tiny", "--lr", "0.8", "--select", "best_val:5"]
 ARMS = ("CODASCA from random", "CODASCA --init FedAvg-CE model", "CODASCA, in-run warm-up")
 
@@ -50,20 +53,20 @@ def cli(runs: Path, seed: int, *options: str) -> list[str]:
             "--seed", str(seed), "--json", "--runs-dir", str(runs)]  # fmt: skip
 
 
-def one_seed(seed: int, root: Path) -> dict[str, Any]:
+def one_seed(seed: int, root: Path, warmup: int = WARMUP, rounds: int = ROUNDS) -> dict[str, Any]:
     """The three arms of one seed; the registered FedAvg-CE model's folder and card."""
     runs, models = root / f"runs{seed}", root / "models"
-    codasca = ["--algorithm", "codasca", "--rounds", str(ROUNDS), *AUC_RECIPE]
+    codasca = ["--algorithm", "codasca", "--rounds", str(rounds), *AUC_RECIPE]
     out: dict[str, Any] = {}
     _, out[ARMS[0]] = simulate(cli(runs, seed, *codasca, "--warmup-rounds", "0"))
     name = f"fedavg_ce_{seed}"
-    stage1 = ["--algorithm", "fedavg", "--rounds", str(WARMUP), "--select", "last",
+    stage1 = ["--algorithm", "fedavg", "--rounds", str(warmup), "--select", "last",
               "--register", name, "--models-dir", str(models)]  # fmt: skip
     _, out["registered"] = simulate(cli(runs, seed, *stage1))
     init = ["--init", str(models / name), "--warmup-rounds", "0"]
     summary, out[ARMS[1]] = simulate(cli(runs, seed, *codasca, *init))
     out["round0"] = summary["global_auc"][0]
-    warm = ["--warmup-rounds", str(WARMUP), "--warmup-head", "recenter"]
+    warm = ["--warmup-rounds", str(warmup), "--warmup-head", "recenter"]
     _, out[ARMS[2]] = simulate(cli(runs, seed, *codasca, *warm))
     out["model_dir"] = models / name
     return out
@@ -73,9 +76,9 @@ def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, f
     """(format, load s, build s, round-0 test AUC) per accepted format."""
     from safetensors.torch import save_file
 
+    from benchmarks.common.weight_files import densenet_file
     from fed_auc.models import build_model
     from fed_auc.registry.init_weights import apply_init, read_init
-    from tests.support.weight_files import densenet_file
 
     torch.manual_seed(0)
     monai = build_model("densenet121").state_dict()
@@ -105,7 +108,11 @@ def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, f
     return rows
 
 
-def tables(results: dict[int, dict], rows: list[tuple[str, float, float, float]]) -> str:
+def tables(
+    results: dict[int, dict], rows: list[tuple[str, float, float, float]], warmup: int = WARMUP
+) -> str:
+    """The formats table, whether every --init run's round 0 equals its registered model's
+    card, and the arms' AUCs with each one's paired difference to CODASCA from random."""
     lines = ["| format | load + map (s) | random init (s) | ratio | round-0 test AUC |",
              "|---|---|---|---|---|"]  # fmt: skip
     for label, load, build, auc in rows:
@@ -127,7 +134,7 @@ def tables(results: dict[int, dict], rows: list[tuple[str, float, float, float]]
         per_seed = " ".join(f"{t:.3f}" for t in test)
         lines.append(f"| {arm} | {_ms(val)} | {_ms(test)} | {diff} | {per_seed} |")
     ce = [results[s]["registered"]["global_auc"] for s in seeds]
-    lines.append(f"| (FedAvg-CE, {WARMUP} rounds, the registered model) | — | {_ms(ce)} | — | "
+    lines.append(f"| (FedAvg-CE, {warmup} rounds, the registered model) | — | {_ms(ce)} | — | "
                  + " ".join(f"{t:.3f}" for t in ce) + " |")  # fmt: skip
     return "\n".join(lines)
 
@@ -142,23 +149,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--quick", action="store_true", help="seeds 0 1, 2 + 3 rounds")
     args = parser.parse_args(argv)
+    warmup, rounds = QUICK if args.quick else (WARMUP, ROUNDS)
+    seeds = [0, 1] if args.quick else args.seeds
     torch.set_num_threads(1)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         with ThreadPoolExecutor(args.jobs) as pool:
-            done = list(pool.map(lambda s: one_seed(s, root), args.seeds))
-        results = dict(zip(args.seeds, done, strict=True))
-        rows = formats(root, results[args.seeds[0]]["model_dir"], args.seeds[0])
+            done = list(pool.map(lambda s: one_seed(s, root, warmup, rounds), seeds))
+        results = dict(zip(seeds, done, strict=True))
+        rows = formats(root, results[seeds[0]]["model_dir"], seeds[0])
     settings = (
         f"BreastMNIST, malignant positive, 4 sites at 5 % positives (imratio), tiny DenseNet, "
-        f"28 px, lr 0.8, CODASCA {ROUNDS} rounds with α's step at the prevalence; FedAvg-CE "
-        f"{WARMUP} rounds (registered, then `--init`; or in-run with the head recentered); "
+        f"28 px, lr 0.8, CODASCA {rounds} rounds with α's step at the prevalence; FedAvg-CE "
+        f"{warmup} rounds (registered, then `--init`; or in-run with the head recentered); "
         "export best_val:5; one torch thread per run."
     )
-    head = provenance(" ".join(map(str, args.seeds)), time.perf_counter() - started, settings)
-    emit(head + "\n\n" + tables(results, rows) + "\n", args.markdown)
+    head = provenance(" ".join(map(str, seeds)), time.perf_counter() - started, settings)
+    emit(head + "\n\n" + tables(results, rows, warmup) + "\n", args.markdown)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def test_init_weights_are_broadcast_by_the_coordinator(fed):
     """``init`` over Flower: the coordinator reads the file (an ImageNet-named state_dict) and
     broadcasts it; the nodes, which never see the file, normalize their inputs as the exported
     model says, so the run equals the in-process one from the same file."""
-    from tests.support.weight_files import densenet_file
+    from benchmarks.common.weight_files import densenet_file
 
     weights = fed.root / "imagenet.pth"
     torch.save(densenet_file("tiny", 1000, 3), weights)

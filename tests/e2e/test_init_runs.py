@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.common.weight_files import densenet_file
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.registry.load import load_registered_model
 from fed_auc.registry.register import register_model
 from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.run_store import RunStore
 from tests.e2e.test_resume import final_model
-from tests.support.weight_files import densenet_file
 
 OPTIONS = {"sites": 3, "local_steps": 2, "seed": 5, "data_scale": 0.3, "select": "last"}
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.common.weight_files import densenet_file
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import INPUTS, build_model, model_from_config
 from fed_auc.registry.init_weights import monai_name
 from fed_auc.registry.weights import convert_weights
 from fed_auc.run.initial import starting_point
-from tests.support.weight_files import densenet_file
 
 CLASSIFIER = ["net.class_layers.out.weight", "net.class_layers.out.bias"]
 

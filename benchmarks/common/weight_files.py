@@ -1,6 +1,6 @@
-"""Weight files built in the test, with torchvision's or torchxrayvision's key names and random
-values (neither package is imported: their names are written out here, as MONAI's converter
-reads them)."""
+"""Weight files with torchvision's or torchxrayvision's key names and random values, for the
+tests and the ``--init`` benchmark (neither package imports here: their names are written
+out, as MONAI's converter reads them)."""
 
 from __future__ import annotations
 
