@@ -134,3 +134,21 @@ def test_pickled_module_is_refused_then_converted(tmp_path: Path) -> None:
         assert torch.equal(start.model.state_dict()[name], value), name
     with pytest.raises(ValueError, match="exists"):
         convert_weights(pickled, converted)
+
+
+def test_commands_refuse_a_pickled_file_and_convert_it(tmp_path: Path, capsys) -> None:
+    from fed_auc.cli import main
+    from fed_auc.cli.federation import check_init
+
+    pickled = tmp_path / "module.pt"
+    torch.save(build_model("tiny"), pickled)
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit, match=f"fed-auc simulate: .*{pickled}.*convert-weights"):
+        main(["simulate", "--init", str(pickled), "--model", "tiny", "--runs-dir", str(runs)])
+    with pytest.raises(SystemExit, match=f"fed-auc coordinator: .*{pickled}.*pickled code"):
+        check_init({"init": str(pickled), "model": "tiny", "transport": "flower"})
+    assert not runs.exists()
+    assert main(["convert-weights", str(pickled), str(tmp_path / "w.pt")]) == 0
+    said = capsys.readouterr().out
+    assert f"{len(build_model('tiny').state_dict())} tensors" in said and "w.pt" in said
+    check_init({"init": str(tmp_path / "w.pt"), "model": "tiny", "transport": "flower"})
