@@ -72,7 +72,7 @@ def one_seed(seed: int, root: Path, warmup: int = WARMUP, rounds: int = ROUNDS) 
     return out
 
 
-def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, float, float]]:
+def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, float, Any]]:
     """(format, load s, build s, round-0 test AUC) per accepted format."""
     from safetensors.torch import save_file
 
@@ -102,21 +102,22 @@ def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, f
         build_model(init.arch, 1)
         build = time.perf_counter() - start
         one = ["--algorithm", "codasca", "--rounds", "1", "--local-steps", "1",
-               "--warmup-rounds", "0", "--init", str(path)]  # fmt: skip
+               "--warmup-rounds", "0", "--init", str(path), "--model", init.arch]  # fmt: skip
         summary, _ = simulate(cli(root / "formats", seed, *one))
         rows.append((label, load, build, summary["global_auc"][0]))
     return rows
 
 
 def tables(
-    results: dict[int, dict], rows: list[tuple[str, float, float, float]], warmup: int = WARMUP
+    results: dict[int, dict], rows: list[tuple[str, float, float, Any]], warmup: int = WARMUP
 ) -> str:
     """The formats table, whether every --init run's round 0 equals its registered model's
     card, and the arms' AUCs with each one's paired difference to CODASCA from random."""
     lines = ["| format | load + map (s) | random init (s) | ratio | round-0 test AUC |",
              "|---|---|---|---|---|"]  # fmt: skip
     for label, load, build, auc in rows:
-        lines.append(f"| {label} | {load:.2f} | {build:.2f} | {load / build:.2f} | {auc:.3f} |")
+        shown = "undefined" if auc is None else f"{auc:.3f}"
+        lines.append(f"| {label} | {load:.2f} | {build:.2f} | {load / build:.2f} | {shown} |")
     seeds = sorted(results)
     exact = all(results[s]["round0"] == results[s]["registered"]["global_auc"] for s in seeds)
     lines += ["", f"Round 0 of every `--init` run equals its registered model's card test AUC: "

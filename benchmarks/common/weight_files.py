@@ -33,11 +33,12 @@ def densenet_file(
     model = build_model(arch, num_labels=outputs, in_channels=in_channels)
     out = {}
     for name, tensor in model.state_dict().items():
-        value = (
-            tensor.clone()
-            if not tensor.is_floating_point()
-            else torch.randn(tensor.shape, generator=generator).abs() + 0.1
-        )
+        value = tensor.clone()
+        if tensor.is_floating_point():  # a network's scale, but no value of a fresh one
+            noise = torch.randn(tensor.shape, generator=generator)
+            value = tensor * (1 + 0.1 * noise) + 0.01 * noise
+            if name.endswith("running_var"):
+                value = value.abs() + 0.5
         out[torchvision_name(name)] = value
     if xrv:
         out["op_threshs"] = torch.rand(outputs, generator=generator)
