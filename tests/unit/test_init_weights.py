@@ -152,3 +152,18 @@ def test_commands_refuse_a_pickled_file_and_convert_it(tmp_path: Path, capsys) -
     said = capsys.readouterr().out
     assert f"{len(build_model('tiny').state_dict())} tensors" in said and "w.pt" in said
     check_init({"init": str(tmp_path / "w.pt"), "model": "tiny", "transport": "flower"})
+
+
+def test_old_torchvision_layer_names_map_as_monai_maps_them() -> None:
+    old = "features.denseblock3.denselayer2.norm.1.running_var"  # torchvision before 0.3
+    new = "features.denseblock3.denselayer2.conv2.weight"
+    assert monai_name(old, "torchvision") == (
+        "net.features.denseblock3.denselayer2.layers.norm1.running_var"
+    )
+    assert (
+        monai_name(new, "torchvision") == "net.features.denseblock3.denselayer2.layers.conv2.weight"
+    )
+    assert monai_name("classifier.weight", "torchxrayvision") is None  # replaced, listed
+    assert monai_name("features.transition2.conv.weight", "torchvision") == (
+        "net.features.transition2.conv.weight"
+    )
