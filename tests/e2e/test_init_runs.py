@@ -4,6 +4,10 @@ ImageNet-named file (the card says what it got), and resumed after a stop."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from fed_auc.registry.load import load_registered_model
 from fed_auc.registry.register import register_model
 from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.run_store import RunStore
-from tests.e2e.test_resume import final_model
+from tests.e2e.test_resume import final_model, recorded_rounds
 
 OPTIONS = {"sites": 3, "local_steps": 2, "seed": 5, "data_scale": 0.3, "select": "last"}
 
@@ -64,11 +68,18 @@ def imagenet_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, imagenet_file: Path) -> dict:
+    """The uninterrupted 4-round run from the ImageNet-named file."""
+    runs = tmp_path_factory.mktemp("whole")
+    options = {**OPTIONS, "rounds": 4, "init": str(imagenet_file)}
+    return run_simulation(ExperimentConfig(runs_dir=str(runs), **options))
+
+
 def test_stopped_init_run_resumes_to_the_uninterrupted_model(
-    tmp_path: Path, imagenet_file: Path
+    tmp_path: Path, imagenet_file: Path, whole: dict
 ) -> None:
     options = {**OPTIONS, "rounds": 4, "init": str(imagenet_file)}
-    whole = run_simulation(ExperimentConfig(runs_dir=str(tmp_path / "whole"), **options))
 
     def stop_after_two(record) -> None:
         if record.round == 2:
@@ -90,6 +101,33 @@ def test_stopped_init_run_resumes_to_the_uninterrupted_model(
     assert (
         "## Starting weights" in (Path(resumed["model_path"]).parent / "MODEL_CARD.md").read_text()
     )
+
+
+@pytest.mark.slow
+def test_sigkilled_init_run_resumes_to_the_uninterrupted_model(
+    tmp_path: Path, imagenet_file: Path, whole: dict
+) -> None:
+    config = tmp_path.parent / f"{tmp_path.name}.toml"
+    options = {**OPTIONS, "rounds": 4}
+    config.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in options.items()))
+    args = [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config),
+            "--init", str(imagenet_file), "--runs-dir", str(tmp_path)]  # fmt: skip
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while recorded_rounds(tmp_path) < 2:
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the run did not reach round 2"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    assert recorded_rounds(tmp_path) < 4, "killed after the last round: not mid-run"
+    with RunStore(tmp_path) as store:
+        run_id = store.runs()["id"].iloc[0]
+    resumed = resume_simulation(tmp_path, run_id)
+    assert resumed["global_auc"] == whole["global_auc"]
+    for name, tensor in final_model(whole).items():
+        torch.testing.assert_close(final_model(resumed)[name], tensor, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
