@@ -55,6 +55,7 @@ BENCHMARKS = (
     Benchmark("breastmnist", "benchmarks.anchors.breastmnist", needs=BREASTMNIST),
     Benchmark("libauc_breastmnist", "benchmarks.anchors.libauc_breastmnist", needs=BREASTMNIST),
     Benchmark("auc_vs_ce", "benchmarks.rare_positives.auc_vs_ce"),
+    Benchmark("pretrained_start", "benchmarks.claims.pretrained_start", needs=BREASTMNIST),
     Benchmark(
         "dp_epsilon_breastmnist",
         "benchmarks.claims.dp_epsilon",

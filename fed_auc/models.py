@@ -28,9 +28,19 @@ ARCHITECTURES: dict[str, tuple[int, int, tuple[int, ...]]] = {
 
 MIN_SIDE = 32  # MONAI DenseNet121's downsampling needs at least 32 px per side
 _STEM_MODULES = ("conv0", "norm0", "relu0", "pool0")
-_CONFIG_KEYS = ("arch", "num_labels", "in_channels", "norm")
+_CONFIG_KEYS = ("arch", "num_labels", "in_channels", "norm", "input")
 NORMS = ("batch", "group")  # group: per-example normalization, for DP-SGD (fed_auc.privacy.dp_sgd)
 MAX_GROUPS = 32  # GroupNorm's usual group count (Wu & He, 2018), when the channels allow it
+# The input normalization that goes with a set of weights, applied to fed-auc's [0, 1] images
+# inside the model (so every node and every scoring of an exported model uses it): name ->
+# (mean, std), x -> (x - mean) / std. "unit": fed-auc's own [0, 1]; "imagenet": torchvision's
+# ImageNet statistics averaged over RGB, for the one replicated gray channel whose first
+# convolution sums the three colour kernels; "xrv": torchxrayvision's [-1024, 1024] range.
+INPUTS: dict[str, tuple[float, float]] = {
+    "unit": (0.0, 1.0),
+    "imagenet": (0.449, 0.226),
+    "xrv": (0.5, 1.0 / 2048.0),
+}
 
 
 def _check_arch(arch: str) -> tuple[int, int, tuple[int, ...]]:
@@ -63,7 +73,12 @@ class DenseNetClassifier(nn.Module):
     DP-SGD needs; BatchNorm mixes the batch."""
 
     def __init__(
-        self, arch: str, num_labels: int = 1, in_channels: int = 1, norm: str = "batch"
+        self,
+        arch: str,
+        num_labels: int = 1,
+        in_channels: int = 1,
+        norm: str = "batch",
+        input_norm: str = "unit",
     ) -> None:
         super().__init__()
         init_features, growth_rate, block_config = _check_arch(arch)
@@ -73,6 +88,9 @@ class DenseNetClassifier(nn.Module):
             )
         if norm not in NORMS:
             raise ValueError(f"model norm must be one of {list(NORMS)}, got {norm!r}")
+        if input_norm not in INPUTS:
+            raise ValueError(f"model input must be one of {list(INPUTS)}, got {input_norm!r}")
+        self.input_norm = input_norm
         self.arch = arch
         self.num_labels = num_labels
         self.in_channels = in_channels
@@ -93,7 +111,8 @@ class DenseNetClassifier(nn.Module):
         return self.net(self.prepare(x))
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """Check the image batch and upsample it to the network's minimum side."""
+        """Check the image batch, upsample it to the network's minimum side and normalize it
+        as the weights expect (``INPUTS``)."""
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"expected images of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
@@ -102,6 +121,9 @@ class DenseNetClassifier(nn.Module):
         if height < MIN_SIDE or width < MIN_SIDE:
             size = (max(height, MIN_SIDE), max(width, MIN_SIDE))
             x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        if self.input_norm != "unit":
+            mean, std = INPUTS[self.input_norm]
+            x = (x - mean) / std
         return x
 
     def config(self) -> dict[str, Any]:
@@ -109,14 +131,20 @@ class DenseNetClassifier(nn.Module):
         config = {"arch": self.arch, "num_labels": self.num_labels, "in_channels": self.in_channels}
         if self.norm != "batch":  # configs of BatchNorm models stay as they were recorded
             config["norm"] = self.norm
+        if self.input_norm != "unit":  # likewise for models trained on fed-auc's [0, 1]
+            config["input"] = self.input_norm
         return config
 
 
 def build_model(
-    arch: str, num_labels: int = 1, in_channels: int = 1, norm: str = "batch"
+    arch: str,
+    num_labels: int = 1,
+    in_channels: int = 1,
+    norm: str = "batch",
+    input_norm: str = "unit",
 ) -> DenseNetClassifier:
     """A freshly initialised classifier of a named architecture."""
-    return DenseNetClassifier(arch, num_labels, in_channels, norm)
+    return DenseNetClassifier(arch, num_labels, in_channels, norm, input_norm)
 
 
 def model_from_config(cfg: dict[str, Any]) -> DenseNetClassifier:
@@ -130,6 +158,7 @@ def model_from_config(cfg: dict[str, Any]) -> DenseNetClassifier:
         int(cfg["num_labels"]),
         int(cfg.get("in_channels", 1)),
         str(cfg.get("norm", "batch")),
+        str(cfg.get("input", "unit")),
     )
 
 

@@ -27,6 +27,7 @@ from fed_auc.node.build import build_node
 from fed_auc.node.compute import Compute
 from fed_auc.node.setup import NodeSetup, SiteHosting, check_batch_size
 from fed_auc.run.holdout import check_hold_out, evaluate_export
+from fed_auc.run.initial import starting_point
 from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
 from fed_auc.store.records import RoundRecord
@@ -122,7 +123,10 @@ def build_federation(
         },
         # what the run really runs on (as a Flower run on the same site files records it)
         record=data_record([data_card(s) for s in data], config.site_files is not None),
+        label_names=list(data[0].label_names) if data else None,
     )
+    # --init read and checked before the run exists: a refused file records nothing
+    start = starting_point(config, run_sites.num_labels, run_sites.label_names)
     store = RunStore(config.runs_dir)
     resuming = run_id is not None
     if run_id is None:
@@ -138,7 +142,9 @@ def build_federation(
         def nodes_for(setup: NodeSetup, folder: str) -> LocalTransport:
             return _transport(setup, sites, run_dir / folder)
 
-        coordinator, setup = open_run(config, store, run_id, run_sites, nodes_for, resuming)
+        coordinator, setup = open_run(
+            config, store, run_id, run_sites, nodes_for, resuming, start=start
+        )
         every_site = None
         if config.hold_out is not None:
             every_site = _transport(setup, everyone, run_dir / "evaluation_nodes")

@@ -1,4 +1,5 @@
-"""The ``fed-auc`` command: simulate, demo, runs, dashboard; coordinator, node, certs (Flower).
+"""The ``fed-auc`` command: simulate, demo, runs, dashboard, convert-weights; coordinator, node,
+certs (Flower).
 
 One module per subcommand (its flags and its handler); this one puts them under one parser."""
 
@@ -15,6 +16,7 @@ from fed_auc.cli.evaluate import add_evaluate_parser, evaluate_command
 from fed_auc.cli.experiment_options import add_simulate_parser
 from fed_auc.cli.runs import add_runs_parser, runs_command
 from fed_auc.cli.simulate import DEMO, add_demo_parser, demo_command, simulate_command
+from fed_auc.cli.weights import add_convert_parser, convert_command
 from fed_auc.threads import apply_threads, parse_threads
 
 __all__ = ["DEMO", "build_parser", "main"]
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_parser(sub)
     add_runs_parser(sub)
     add_dashboard_parser(sub)
+    add_convert_parser(sub)
     flower_cli.add_parsers(sub)
     return parser
 
@@ -82,6 +85,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "coordinator": _coordinator_command,
     "node": flower_cli.node,
     "certs": _certs_command,
+    "convert-weights": convert_command,
 }
 
 

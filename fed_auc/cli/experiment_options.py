@@ -243,6 +243,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "beside its in-federation AUC",
     )
     add_compute_arguments(p, "the in-process nodes; a site file's [node] device wins for its site")
+    p.add_argument(
+        "--init",
+        metavar="PATH",
+        help="start from these weights: a registered model folder (continue it), or a "
+        "state_dict of fed-auc's MONAI DenseNet, torchvision's ImageNet DenseNet121/169/201 or "
+        "torchxrayvision's DenseNet121 (.pt/.pth read with weights_only, or .safetensors); "
+        "the network and input normalization come from the file",
+    )
     p.add_argument("--register", metavar="NAME", help="also copy the model to MODELS_DIR/NAME")
     p.add_argument("--models-dir", default="models", help="model registry folder (models)")
     p.add_argument("--runs-dir", help="where the run store and run folders live (runs)")

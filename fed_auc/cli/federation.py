@@ -40,6 +40,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="external validation of every site: one run with all sites, then one per site "
         "without it, on the same nodes; each site's held-out AUC beside its in-federation AUC",
     )
+    c.add_argument(
+        "--init",
+        metavar="PATH",
+        help="override the config's init: the starting weights the coordinator broadcasts "
+        "(a registered model folder or a DenseNet state_dict; nodes never read the file)",
+    )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
     n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
@@ -72,6 +78,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--host", action="append", default=[], help="coordinator DNS name or IP")
 
 
+def check_init(options: dict[str, Any]) -> None:
+    """Read and map the config's ``init`` before the run exists: a refused file records
+    nothing (the sites' labels are checked once they register)."""
+    if options.get("init") is None:
+        return
+    from fed_auc.experiment.config import ExperimentConfig
+    from fed_auc.run.initial import starting_point
+
+    try:
+        config = ExperimentConfig(**options)
+        starting_point(config, config.num_labels, None)
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc coordinator: {exc}") from None
+
+
 def coordinator(args: argparse.Namespace) -> dict[str, Any]:
     require_flower("coordinator")
     from fed_auc.transport.flower.launch import run_coordinator
@@ -85,13 +106,14 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
             "new runs: drop --hold-out and --resume"
         )
     if args.resume is not None:
-        if args.rounds is not None:
-            raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds")
+        if args.rounds is not None or args.init is not None:
+            raise SystemExit("fed-auc coordinator --resume uses the run's recorded rounds and init")
         experiment = load_resumed(Path(args.runs_dir or "runs"), args.resume)
     else:
         overrides = {"rounds": args.rounds, "runs_dir": args.runs_dir, "address": args.address,
-                     "hold_out": args.hold_out}  # fmt: skip
+                     "hold_out": args.hold_out, "init": args.init}  # fmt: skip
         experiment = load_experiment(args.config, overrides)
+        check_init(experiment["experiment"])
         if leave_each_out:
             experiment["leave_each_out"] = True
     work_dir = Path(experiment["experiment"]["runs_dir"]) / "flower"

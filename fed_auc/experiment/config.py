@@ -181,6 +181,11 @@ class ExperimentConfig(ExperimentChecks):
     # A name for the study this run belongs to, recorded with the run: the dashboard's access
     # file can show an experiment's runs to some people only (app/access.py).
     experiment: str | None = None
+    # Starting weights (fed_auc.registry.init_weights): a registered model's folder, or a
+    # state_dict of fed-auc's MONAI DenseNet, torchvision's ImageNet DenseNet or
+    # torchxrayvision's; read by the coordinator only, broadcast as round 0's model. The
+    # network (`model`, when not given) and its input normalization come from the file.
+    init: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss is None:
@@ -189,6 +194,16 @@ class ExperimentConfig(ExperimentChecks):
             check_type(f.name, getattr(self, f.name), f.type)
         if self.site_files is not None:
             self.sites = len(self.site_files)
+        if self.init is not None:  # absolute: a resume or the ServerApp runs elsewhere
+            from pathlib import Path
+
+            if not Path(self.init).exists():
+                raise ValueError(f"init: no such file or folder {self.init!r}")
+            self.init = str(Path(self.init).resolve())
+        if self.init is not None and self.model is None:
+            from fed_auc.registry.init_weights import read_init
+
+            self.model = read_init(self.init).arch  # the file's network, not the recipe's
         synthetic = self.data_is_synthetic()
         if synthetic is not None:
             self._fill_data_defaults(synthetic)

@@ -51,6 +51,7 @@ def render_card(card: dict[str, Any]) -> str:
             f"| {s['site']} | {s['n']} | {s['positives']} | {s['n_test']} | {_fmt(s['auc'])} "
             f"| {ci} |"
         )
+    lines += _init_lines(card.get("init"))
     lines += _privacy_lines(card.get("privacy"))
     lines += _compute_lines(card.get("compute"))
     lines += [
@@ -114,6 +115,23 @@ def _compute_lines(compute: dict[str, dict[str, Any]] | None) -> list[str]:
 
 def _fmt_number(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _init_lines(init: dict[str, Any] | None) -> list[str]:
+    """Where round 0's weights came from and what of them the model got."""
+    if not init:
+        return ["", "## Starting weights", "", "- Random (seeded); input normalization `unit`"]
+    lines = [
+        "", "## Starting weights", "",
+        f"- {init['format']} file `{init['path']}`, SHA-256 `{init['sha256']}`",
+        f"- Input normalization `{init['input']}` (applied inside the exported model); "
+        f"classifier {init['classifier']}",
+    ]  # fmt: skip
+    for what in ("loaded", "converted", "replaced", "initialized"):
+        names = init[what]
+        shown = ", ".join(f"`{n}`" for n in names[:6]) + (" …" if len(names) > 6 else "")
+        lines.append(f"- {what}: {len(names)} tensors{': ' + shown if names else ''}")
+    return lines
 
 
 def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:

@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.selection import BestModel, track_best_model
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
-from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
 from fed_auc.registry.card import (
     CardSettings,
@@ -32,6 +30,7 @@ from fed_auc.registry.card import (
     privacy_card,
 )
 from fed_auc.registry.export import export_model
+from fed_auc.run.initial import INIT_FILE, StartingPoint, load_starting_point, starting_point
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
 from fed_auc.store.records import RoundRecord, as_float
@@ -50,20 +49,25 @@ def open_run(
     nodes_for: Callable[[NodeSetup, str], Any],
     resuming: bool,
     pooled_scoring: bool = True,
+    start: StartingPoint | None = None,
 ) -> tuple[Coordinator, NodeSetup]:
     """Open the run ``run_id`` on its known ``sites``, the one way for both transports: the
     network (seeded), the nodes' setup, the warm-up (unless the run already has rounds), the
     coordinator, and the store's first rows, or (``resuming``) the last checkpoint.
     ``nodes_for(setup, folder)``: the transport to the sites' nodes running ``setup``, their
-    state under ``folder`` of the run ("" for the main run, "warmup")."""
+    state under ``folder`` of the run ("" for the main run, "warmup"). ``start``: the round-0
+    network when the caller built it already (``starting_point``, before the run existed)."""
     run_dir = Path(config.runs_dir) / run_id
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, num_labels=sites.num_labels, norm=config.model_norm())
+    if start is None:
+        start = starting_point(config, sites.num_labels, sites.label_names)
+    model = start.model
     server = Trainable.with_loss(model, config.loss)
     setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
     personalization = setup.personalization()
     personal = personalization.personal_names(server.names()) if personalization else ()
     started = resuming and not store.rounds(run_id).empty
+    for message in load_starting_point(server, start, run_dir, started):
+        store.add_event(run_id, message)
     if config.warmup_rounds and not started:
 
         def warm_transport(warm_id: str, hyperparameters: dict) -> Any:
@@ -143,6 +147,7 @@ class RunSites:
     expected: int
     fixed_steps: dict[str, int]
     record: dict[str, Any]
+    label_names: list[str] | None = None  # the sites' common labels, checked against --init
 
 
 def train_and_close(
@@ -214,6 +219,8 @@ def close_run(
     card["averaged_rounds"] = best.rounds if best.averaged else None
     card["privacy"] = privacy_card(settings.privacy, store.site_rounds(run_id), best.round)
     card["compute"] = compute_card(store.site_rounds(run_id))
+    init = run_dir / INIT_FILE
+    card["init"] = json.loads(init.read_text()) if init.is_file() else None
     summary["exported_auc"] = card["global_auc"]
     summary["threshold"] = thresholds
     if exported is not None:

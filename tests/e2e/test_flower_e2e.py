@@ -239,3 +239,20 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     with RunStore(runs) as store:
         assert store.run(run_id)["status"] == "completed"
         assert any("run resumed after round" in m for m in store.events(run_id)["message"])
+
+
+def test_init_weights_are_broadcast_by_the_coordinator(fed):
+    """``init`` over Flower: the coordinator reads the file (an ImageNet-named state_dict) and
+    broadcasts it; the nodes, which never see the file, normalize their inputs as the exported
+    model says, so the run equals the in-process one from the same file."""
+    from benchmarks.common.weight_files import densenet_file
+
+    weights = fed.root / "imagenet.pth"
+    torch.save(densenet_file("tiny", 1000, 3), weights)
+    coordinator = fed.coordinator("init", rounds=1, options={"init": str(weights)})
+    summary = _finish(fed, "init", coordinator)
+    expected = _simulated(fed, "sim_init", rounds=1, init=str(weights))
+    assert summary["global_auc"] == pytest.approx(expected["global_auc"], abs=1e-6)
+    _assert_same_model(summary, expected)
+    card = json.loads((Path(summary["model_path"]).parent / "model_card.json").read_text())
+    assert card["init"]["input"] == "imagenet" and card["model_config"]["input"] == "imagenet"

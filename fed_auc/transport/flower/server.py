@@ -87,6 +87,7 @@ def run_experiment(
             # what the run really ran on: the registered sites' data (not the experiment's
             # unused data/sites defaults), as run_simulation records it for the same files
             record=data_record([transport.summaries[s] for s in sites], site_files=True),
+            label_names=list(registrations[sites[0]]["label_names"]) if sites else None,
         )
         store.update_config(
             run_id, {**config.to_dict(), **run_sites.record, "flower": asdict(settings)}
