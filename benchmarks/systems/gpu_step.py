@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.alternate import alternate_rounds
 from benchmarks.common.fragment import emit, provenance
 from benchmarks.systems import flower_overhead
 from fed_auc.algorithms import build_backend
@@ -99,22 +100,9 @@ def step_vs_plain(settings: Settings, compute: Compute) -> dict:
             site, backend, plain.model.config(), "auc_margin", state_dir, batch,
             seed=settings.seed, compute=compute,
         )  # fmt: skip
-        state = backend.init_server(node.trainable, {site.name: len(site.train)})
-        node_rates, plain_rates, peaks = [], [], []
-        for round_ in range(settings.rounds + 1):
-            broadcast = backend.plan(state, round_)
-            broadcast.config["pos_ratio"] = [p]
-            start = time.perf_counter()
-            reply = node.train(broadcast)  # its meter synchronizes a CUDA device
-            node_s = time.perf_counter() - start
-            state = backend.aggregate(state, [backend.complete_reply(reply, broadcast)])
-            start = time.perf_counter()
-            plain.steps(steps)
-            plain_s = time.perf_counter() - start
-            if round_ > 0:
-                node_rates.append(steps * batch / node_s)
-                plain_rates.append(steps * batch / plain_s)
-                peaks.append(reply.metrics.get("device_peak_mib"))
+        node_rates, plain_rates, peaks = alternate_rounds(
+            node, backend, plain.steps, p, settings.rounds, steps, batch
+        )
     ratios = [p / n for n, p in zip(node_rates, plain_rates, strict=True)]  # time node / plain
     return {
         "precision": compute.precision, "device": str(compute.device),

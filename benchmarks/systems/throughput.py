@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.alternate import alternate_rounds
 from benchmarks.common.fragment import command_line, emit
 from benchmarks.common.machine import describe
 from benchmarks.common.paths import ROOT
@@ -95,21 +96,9 @@ def node_vs_plain(
     backend = build_backend("codasca", local_steps=steps, seed=seed)
     with tempfile.TemporaryDirectory() as state_dir:
         node = Node(site, backend, plain.model.config(), "auc_margin", state_dir, batch, seed=seed)
-        state = backend.init_server(node.trainable, {site.name: len(site.train)})
-        node_rates, plain_rates = [], []
-        for round_ in range(rounds + 1):
-            broadcast = backend.plan(state, round_)
-            broadcast.config["pos_ratio"] = [p]
-            start = time.perf_counter()
-            reply = node.train(broadcast)
-            node_s = time.perf_counter() - start
-            state = backend.aggregate(state, [backend.complete_reply(reply, broadcast)])
-            start = time.perf_counter()
-            plain.steps(steps)
-            plain_s = time.perf_counter() - start
-            if round_ > 0:
-                node_rates.append(steps * batch / node_s)
-                plain_rates.append(steps * batch / plain_s)
+        node_rates, plain_rates, _ = alternate_rounds(
+            node, backend, plain.steps, p, rounds, steps, batch
+        )
     ratios = [p / n for n, p in zip(node_rates, plain_rates, strict=True)]  # time node / plain
     return {
         "size": size, "batch": batch,
