@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fed_auc.data.memmap import Images, chunks
+
 TTA_MODES = ("none", "flip")
 
 
@@ -40,15 +42,20 @@ def views(images: torch.Tensor, mode: str) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, images: torch.Tensor, mode: str = "none", batch: int = 256
+    model: nn.Module,
+    images: Images,
+    mode: str = "none",
+    batch: int = 256,
+    pin_memory: bool = False,
 ) -> np.ndarray:
-    """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode."""
+    """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode.
+    Cached images stream from disk (``fed_auc.data.memmap.chunks``; ``pin_memory`` for a GPU)."""
     model.eval()
-    chunks = []
-    for i in range(0, len(images), batch):
-        probs = [torch.sigmoid(model(view)) for view in views(images[i : i + batch], mode)]
-        chunks.append(torch.stack(probs).mean(0))
-    if not chunks:
+    out = []
+    for chunk in chunks(images, batch, pin_memory):
+        probs = [torch.sigmoid(model(view)) for view in views(chunk, mode)]
+        out.append(torch.stack(probs).mean(0))
+    if not out:
         check_tta(mode)
         return np.zeros((0, model.num_labels), dtype=np.float32)
-    return torch.cat(chunks).numpy()
+    return torch.cat(out).numpy()

@@ -29,6 +29,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.memmap import gather
 from fed_auc.data.stream import Batch, SplitStream
 
 
@@ -94,7 +95,7 @@ class PoissonBatches(SplitStream):
         rows = torch.nonzero(coins < self._rates).flatten()
         if self.log is not None:
             self.log.draw(self.sample_rate, float(self.batch_size))
-        images = self.split.images[rows]
+        images = gather(self.split.images[rows])
         if self.augment is not None and len(rows):
             images = self.augment(images)
         return Batch(images, self.split.labels[rows], self._weights[rows])
@@ -103,7 +104,7 @@ class PoissonBatches(SplitStream):
         """The whole split once, in order, in chunks (q = 1 for the accountant)."""
         self._passes += 1
         for start in range(0, len(self.split), batch_size):
-            images = self.split.images[start : start + batch_size]
+            images = gather(self.split.images[start : start + batch_size])
             if self.log is not None:
                 self.log.chunk(self._passes, float(len(images)))
             yield images, self.split.labels[start : start + batch_size]

@@ -21,6 +21,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.memmap import gather
 from fed_auc.data.stream import Batch, SplitStream
 
 
@@ -73,7 +74,7 @@ class BatchStream(SplitStream):
 
     def __next__(self) -> Batch:
         rows = self.next_indices()
-        images = self.split.images[rows]
+        images = gather(self.split.images[rows])
         if self.augment is not None:
             images = self.augment(images)
         return Batch(images, self.split.labels[rows], self.row_weights(rows))
@@ -101,7 +102,7 @@ class BatchStream(SplitStream):
         """
         for start in range(0, len(self.split), batch_size):
             yield (
-                self.split.images[start : start + batch_size],
+                gather(self.split.images[start : start + batch_size]),
                 self.split.labels[start : start + batch_size],
             )
 
