@@ -225,3 +225,34 @@ def test_a_cached_split_is_scored_through_worker_processes_as_in_memory(tmp_path
     streamed = predict(model, images, "flip", batch=8)  # 6 chunks, 2 worker processes
     assert np.array_equal(streamed, predict(model, gather(images), "flip", batch=8))
     assert intensity(images) == pytest.approx(intensity(gather(images)), rel=1e-5)
+
+
+PEAK_RSS = """
+import resource, sys
+from fed_auc.cli import main
+main(["node", "--site", sys.argv[1], "--check", "--image-size", "64"])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+"""
+MARGIN_KIB = 30 * 1024  # 2,000 more 64-px images held as float32 would add 2 × 31 MiB
+
+
+@pytest.mark.slow
+def test_check_peak_memory_does_not_grow_with_the_number_of_images(tmp_path):
+    """``fed-auc node --check`` over 1,000 and over 3,000 PNGs, each in its own process:
+    the images stay on disk, so the peak resident memory is the same but for a margin."""
+    peaks = {}
+    for n in (1000, 3000):
+        folder = tmp_path / str(n)
+        lines = []
+        for i in range(n):
+            write_png(folder / f"img/{i:05d}.png", 150 if i % 3 == 0 else 90, seed=i, size=64)
+            lines.append(f"img/{i:05d}.png,{int(i % 3 == 0)},p{i}")
+        (folder / "labels.csv").write_text("Path,label,patient_id\n" + "\n".join(lines) + "\n")
+        site = _site(folder, spec="csv:labels.csv")
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, str(site)],
+            cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+        )  # fmt: skip
+        assert f"({int(n * 0.7)} training images)" in done.stdout
+        peaks[n] = int(done.stdout.split()[-1])
+    assert peaks[3000] <= peaks[1000] + MARGIN_KIB, peaks
