@@ -3,8 +3,9 @@
 ``CachedImages`` stands where a split's float tensor stood: it has the tensor's shape, and
 indexing it (rows, slices) gives another view, so partitioning, subsets and the samplers'
 row selection work on it unchanged and nothing is read. ``gather`` reads a view's rows
-(uint8 → float32 in [0, 1]); ``chunks`` streams a split in order through a torch
-``DataLoader`` (worker processes, pinned memory when the batches go to a GPU) for scoring.
+(uint8 → float32 in [0, 1]); ``loader`` reads given rows in torch ``DataLoader`` worker
+processes (pinned memory when the batches go to a GPU): ``chunks`` streams a split in order
+for scoring, and a sampler reads its next batches ahead (``fed_auc.data.stream``).
 
 Each read maps the cache file for that read only: the pages it touched leave the process
 when the mapping closes, so a node's resident memory does not grow with the images it has
@@ -13,7 +14,8 @@ read (a mapping kept open would keep every page read so far counted as resident)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import multiprocessing
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-LOADER_WORKERS = 2  # worker processes that read a split's chunks while the model scores
+LOADER_WORKERS = 2  # worker processes that read the next batches while the model computes
 
 
 @dataclass(frozen=True)
@@ -93,35 +95,47 @@ def gather(images: Images) -> torch.Tensor:
     return images.load() if isinstance(images, CachedImages) else images
 
 
-class _Chunks(Dataset):
-    """Chunk ``i`` of a view: rows ``i·batch`` to ``(i+1)·batch``, read in a worker."""
+class _Rows(Dataset):
+    """A cached view whose item ``rows`` (an index array, read in a worker) is the pair
+    (rows, their images): the rows come back with the images, so the reader can check they
+    are the rows it asked for."""
 
-    def __init__(self, images: CachedImages, batch: int) -> None:
-        self.images, self.batch = images, batch
+    def __init__(self, images: CachedImages) -> None:
+        self.images = images
 
-    def __len__(self) -> int:
-        return -(-len(self.images) // self.batch)
+    def __getitem__(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.as_tensor(rows), self.images[rows].load()
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.images[i * self.batch : (i + 1) * self.batch].load()
+
+def loader(
+    images: CachedImages, batches: Iterable[np.ndarray], pin_memory: bool, workers: int
+) -> DataLoader:
+    """A ``DataLoader`` reading each index array of ``batches``, in order, in ``workers``
+    processes (two batches ahead each). They start from a ``forkserver`` with torch loaded:
+    a node's gRPC threads are never forked, and no worker imports torch again."""
+    if workers:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", __name__])
+    return DataLoader(
+        _Rows(images),
+        batch_size=None,  # each index array is one batch, already
+        sampler=batches,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        multiprocessing_context=context if workers else None,
+    )
 
 
 def chunks(
     images: Images, batch: int, pin_memory: bool = False, workers: int = LOADER_WORKERS
 ) -> Iterator[torch.Tensor]:
-    """The images in order, ``batch`` at a time. A cached split streams through a
-    ``DataLoader`` whose ``workers`` processes read the next chunks while this one is scored
-    (``forkserver``: a node's gRPC threads are never forked); ``pin_memory`` for a GPU."""
+    """The images in order, ``batch`` at a time; a cached split through ``loader``
+    (``pin_memory`` when the chunks go to a GPU)."""
     if not isinstance(images, CachedImages):
         for start in range(0, len(images), batch):
             yield images[start : start + batch]
         return
-    workers = workers if len(images) > batch else 0  # one chunk: not worth a process
-    loader = DataLoader(
-        _Chunks(images, batch),
-        batch_size=None,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        multiprocessing_context="forkserver" if workers else None,
-    )
-    yield from loader
+    order = np.arange(len(images))
+    parts = [order[start : start + batch] for start in range(0, len(images), batch)]
+    for _, chunk in loader(images, parts, pin_memory, workers if len(parts) > 1 else 0):
+        yield chunk

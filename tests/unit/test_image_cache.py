@@ -96,6 +96,7 @@ def test_the_cache_gives_the_batches_and_images_of_the_in_memory_pool(tmp_path):
             x, y = next(one), next(two)
             assert torch.equal(x.weights, y.weights) and torch.equal(x.labels, y.labels)
             assert (x.images - y.images).abs().max() <= QUANTUM
+        assert one._ahead is not None  # read ahead by DataLoader workers, rows as drawn
         resumed = stream(cached.train, 8, seed=0, min_pos_fraction=0.5, min_neg_fraction=0.25)
         resumed.load_state_dict(one.state_dict())  # resume: the same next batches
         for _ in range(4):
