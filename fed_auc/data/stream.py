@@ -61,19 +61,20 @@ class SplitStream:
 
     def _fetch(self, rows: torch.Tensor) -> torch.Tensor:
         """The images of ``rows``, the batch just drawn: from the read-ahead when the split
-        is cached (started here, from the stream's position, when none runs)."""
+        is cached (started here, after this batch, when none runs)."""
         images = self.split.images
         if not isinstance(images, CachedImages):
             return images[rows]
         if not self.workers:
             return images[rows].load()
-        if self._ahead is None:
+        if self._ahead is None:  # read this batch here; the workers read from the next one
             upcoming = _Upcoming(self._shadow())
             self._ahead = iter(loader(images, upcoming, self.pin_memory, self.workers))
-        read, batch = next(self._ahead)
-        if not torch.equal(read, rows):  # drawn other than by next(): read what was drawn
-            self._ahead = None
             return images[rows].load()
+        read, batch = next(self._ahead)
+        if not torch.equal(read, rows):  # drawn other than by next(): start again after it
+            self._ahead = None
+            return self._fetch(rows)
         return batch
 
     def _shadow(self) -> SplitStream:
