@@ -104,9 +104,9 @@ def intensity(pixels: Images) -> dict[str, float]:
     else:
         total = square = 0.0
         first: list[torch.Tensor] = []
-        for chunk in chunks(pixels, 256, workers=0):
-            values = chunk.double()
-            total, square = total + float(values.sum()), square + float(values.square().sum())
+        for chunk in chunks(pixels, 32, workers=0):  # 32 images: a few MB at a time
+            total += float(chunk.sum(dtype=torch.float64))
+            square += float(chunk.square().sum(dtype=torch.float64))
             room = QUANTILE_PIXELS - sum(len(part) for part in first)
             if room > 0:
                 first.append(chunk.flatten()[:room])
