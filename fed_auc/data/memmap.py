@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 LOADER_WORKERS = 2  # worker processes that read the next batches while the model computes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # views compare by identity, as tensors do
 class CachedImages:
     """Rows ``rows`` (None: all, in order) of a uint8 (N, 1, S, S) array at byte ``offset``
     of the cache file ``path``; reads give float32 in [0, 1]."""
@@ -58,10 +58,6 @@ class CachedImages:
         if not isinstance(index, slice):
             index = np.asarray(index, dtype=np.int64).reshape(-1)
         base = np.arange(self.total) if self.rows is None else self.rows
-        if isinstance(index, slice) and self.rows is None and index.step in (None, 1):
-            start, stop, _ = index.indices(self.total)
-            base = np.arange(start, max(start, stop))
-            return CachedImages(self.path, self.offset, self.total, self.size, base)
         return CachedImages(self.path, self.offset, self.total, self.size, base[index])
 
     def read_uint8(self) -> np.ndarray:
