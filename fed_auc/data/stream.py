@@ -3,12 +3,13 @@ the training-time augmentation, a saved state that only loads into a stream over
 of the same size (``BatchStream`` for fixed-size batches, ``PoissonBatches`` for DP-SGD), and
 the reading of a batch's images.
 
-Reading ahead. A split cached on disk (``fed_auc.data.memmap``) is read by DataLoader workers
-a few batches ahead of training. The rows still come from the stream's own generator: a copy
-of the stream (its *shadow*, same position, no augmentation) draws the upcoming rows for the
-loader, and each batch the stream itself draws is checked against the rows read for it. So
-the same seed gives the same batches, a saved state is the position of the batches used (not
-of those read ahead), and loading a state starts the read-ahead again from there.
+Reading ahead. A split cached on disk (``fed_auc.data.memmap``) can be read by DataLoader
+workers a few batches ahead of training (``workers``, off by default). The rows still come from
+the stream's own generator: a copy of the stream (its *shadow*, same position, no augmentation)
+draws the upcoming rows for the loader, and each batch the stream itself draws is checked
+against the rows read for it. So the same seed gives the same batches, a saved state is the
+position of the batches used (not of those read ahead), and loading a state starts the
+read-ahead again from there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
-from fed_auc.data.memmap import LOADER_WORKERS, CachedImages, loader
+from fed_auc.data.memmap import CachedImages, loader
 
 
 class Batch(NamedTuple):
@@ -38,10 +39,14 @@ class Batch(NamedTuple):
 class SplitStream:
     """An infinite, seeded, resumable stream of batches of one split; subclasses draw them
     (``next_indices``). ``pin_memory``: read batches of a cached split into pinned memory
-    (for a GPU); ``workers``: the processes reading them ahead (0: read when drawn)."""
+    (for a GPU); ``workers``: processes reading a cached split's batches ahead. The default,
+    0, reads each batch when it is drawn, in this process: a read-ahead's worker processes
+    live as long as the stream, and one that was left to the garbage collector (a node in a
+    reference cycle) was seen to stall the process that collected it while its workers shut
+    down; a node that wants the read-ahead (a GPU waiting on reads) sets ``workers``."""
 
     pin_memory = False
-    workers = LOADER_WORKERS
+    workers = 0
 
     def __init__(self, split: Split, batch_size: int, seed: int, augment: Augment | None) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -96,6 +96,7 @@ def test_the_cache_gives_the_batches_and_images_of_the_in_memory_pool(tmp_path, 
             stream(d.train, 8, seed=5, min_pos_fraction=0.5, min_neg_fraction=0.25)
             for d in (cached, memory)
         )
+        one.workers = 2  # DataLoader workers read ahead (off by default)
         for _ in range(12):
             x, y = next(one), next(two)
             assert torch.equal(x.weights, y.weights) and torch.equal(x.labels, y.labels)
