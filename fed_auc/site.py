@@ -46,6 +46,7 @@ from typing import Any
 from fed_auc.algorithms.partial import parse_budget
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData, check_name
+from fed_auc.data.cache import CACHE_FOLDER
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import validate_positive_class, validate_positive_label
@@ -207,7 +208,7 @@ class SiteDefinition:
         from fed_auc.data.spec import site_from_config
 
         try:
-            site = site_from_config(self.name, self.data, image_size)
+            site = site_from_config(self.name, self.data, image_size, cache_dir=self.cache_dir)
         except ValueError as exc:
             raise ValueError(f"{self.path}: {exc}") from None
         site.meta["site_file"] = str(self.path)
@@ -227,6 +228,11 @@ class SiteDefinition:
             local_steps=self.local_steps,
             compute=self.compute(device, precision),
         )
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """Where the site's images are cached (fed_auc.data.cache): its state directory."""
+        return None if self.state_dir is None else self.state_dir / CACHE_FOLDER
 
     def budget(self) -> float | int | str | None:
         """The memory budget in bytes or as a fraction; ``auto``: the memory free right now."""

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fed_auc.data.memmap import Images, chunks
 from fed_auc.trainable import full_precision
 
 TTA_MODES = ("none", "flip")
@@ -42,19 +43,24 @@ def views(images: torch.Tensor, mode: str) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, images: torch.Tensor, mode: str = "none", batch: int = 256
+    model: nn.Module,
+    images: Images,
+    mode: str = "none",
+    batch: int = 256,
+    pin_memory: bool = False,
 ) -> np.ndarray:
     """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode.
-    Each chunk of images goes to the model's device; the scores come back fp32 on the CPU
-    (the caller chooses the precision with ``torch.autocast``)."""
+    Cached images stream from disk (``fed_auc.data.memmap.chunks``; ``pin_memory`` for a GPU);
+    each chunk goes to the model's device and the scores come back fp32 on the CPU (the caller
+    chooses the precision with ``torch.autocast``)."""
     model.eval()
     device = next(model.parameters()).device
-    chunks = []
-    for i in range(0, len(images), batch):
-        chunk = images[i : i + batch].to(device, non_blocking=True)
+    out = []
+    for chunk in chunks(images, batch, pin_memory):
+        chunk = chunk.to(device, non_blocking=True)
         probs = [torch.sigmoid(full_precision(model(view))) for view in views(chunk, mode)]
-        chunks.append(torch.stack(probs).mean(0).cpu())
-    if not chunks:
+        out.append(torch.stack(probs).mean(0).cpu())
+    if not out:
         check_tta(mode)
         return np.zeros((0, model.num_labels), dtype=np.float32)
-    return torch.cat(chunks).numpy()
+    return torch.cat(out).numpy()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from fed_auc.data.cache import CacheWriter, ImageCache, file_sha256, stat_digest
 from fed_auc.data.images import (
     DEFAULT_ASPECT,
     FLAGS,
@@ -29,6 +31,7 @@ from fed_auc.data.images import (
     validate_aspect,
 )
 from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
+from fed_auc.data.memmap import CachedImages
 from fed_auc.data.pool import SPLITS, ImagePool
 
 CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
@@ -54,13 +57,15 @@ def load_csv_images(
     site: str | None = None,
     positive_label: int | None = None,
     aspect: str = DEFAULT_ASPECT,
+    cache: ImageCache | None = None,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
     folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
     only the rows whose site column has this value (other sites' images are never read).
     `positive_label` 0: the label column's 0 is the positive class (after the uncertain
     policy), for files that code the finding of interest as 0. `aspect`: how non-square
-    images become square (pad, crop or stretch; `fed_auc.data.images`)."""
+    images become square (pad, crop or stretch; `fed_auc.data.images`). `cache`: decode
+    into (or read from) this on-disk cache (`fed_auc.data.cache`) instead of memory."""
     csv_path = Path(csv_path)
     validate_aspect(aspect)
     positive_label = validate_positive_label(positive_label)
@@ -103,28 +108,36 @@ def load_csv_images(
     labels = np.stack([_label_column(csv_path, table, c, uncertain) for c in label_columns], 1)
     labels = select_positive(labels, positive_label, str(csv_path), allowed={0, 1})
     root = Path(root) if root is not None else csv_path.parent
-    images, keep, skipped, files, facts = [], [], [], [], []
-    for i, (line, rel) in enumerate(zip(table["_line"], table[image_column], strict=True)):
-        try:
-            image, found = read_image_facts(root / rel, image_size, aspect)
-            images.append(image)
-            facts.append(found.flags)
-            files.append(f"{rel} (line {line})")
-            keep.append(i)
-        except BadImageError as exc:
-            if not skip_bad_images:
-                raise BadImageError(f"{csv_path} line {line}: {exc}") from None
-            skipped.append(f"line {line}: {rel}")
+    paths = [root / rel for rel in table[image_column]]
+    lines = list(zip(table["_line"].tolist(), table[image_column].tolist(), strict=True))
+    found, writer = None, None
+    if cache is not None:
+        source = str(csv_path.resolve())
+        key = cache.key(source, {
+            "csv_sha256": file_sha256(csv_path), "images": stat_digest(paths),
+            "root": str(root.resolve()), "image_size": image_size, "labels": list(label_columns),
+            "uncertain": uncertain, "frontal_only": frontal_only, "site": site,
+            "positive_label": positive_label, "aspect": aspect,
+            "skip_bad_images": skip_bad_images,
+        })  # fmt: skip
+        found = cache.open(source, key)
+        if found is None:
+            writer = cache.writer(source, key, len(paths), image_size)
+    if found is None:
+        found = _read_images(csv_path, paths, lines, image_size, aspect, skip_bad_images, writer)
+    images, read = found
+    keep, skipped = np.asarray(read["keep"], dtype=np.int64), read["skipped"]
+    files = [f"{lines[i][1]} (line {lines[i][0]})" for i in keep]
     if skipped:
         warnings.warn(
             f"{csv_path}: skipped {len(skipped)} unreadable image(s), first: {skipped[0]}",
             stacklevel=2,
         )
-    if not keep:
+    if not len(keep):
         raise ValueError(f"{csv_path}: no readable image")
     table = table.iloc[keep]
     return ImagePool(
-        images=torch.stack(images),
+        images=images,
         labels=torch.from_numpy(labels[keep]),
         label_names=list(label_columns),
         source=f"csv:{csv_path}",
@@ -132,7 +145,7 @@ def load_csv_images(
         site=_column(table, SITE_COLUMNS),
         patient=_patients(table, image_column),
         files=np.array(files),
-        flags={name: np.array([name in f for f in facts], dtype=bool) for name in FLAGS},
+        flags=_flags(read["flags"], len(keep)),
         meta={
             "file": str(csv_path),
             "aspect": aspect,
@@ -143,6 +156,53 @@ def load_csv_images(
             **({} if positive_label is None else {"positive_label": positive_note(positive_label)}),
         },
     )
+
+
+def _read_images(
+    csv_path: Path,
+    paths: list[Path],
+    lines: list[tuple[int, str]],
+    image_size: int,
+    aspect: str,
+    skip_bad_images: bool,
+    writer: CacheWriter | None,
+) -> tuple[torch.Tensor | CachedImages, dict[str, Any]]:
+    """Decode every image, into memory or into the cache ``writer`` builds, and what was
+    read: the rows kept, the skipped ones, and each flag's rows (among those kept)."""
+    images: list[torch.Tensor] = []
+    read: dict[str, Any] = {"keep": [], "skipped": [], "flags": {name: [] for name in FLAGS}}
+    try:
+        for i, (path, (line, rel)) in enumerate(zip(paths, lines, strict=True)):
+            try:
+                image, found = read_image_facts(path, image_size, aspect)
+            except BadImageError as exc:
+                if not skip_bad_images:
+                    raise BadImageError(f"{csv_path} line {line}: {exc}") from None
+                read["skipped"].append(f"line {line}: {rel}")
+                continue
+            for flag in found.flags:
+                read["flags"][flag].append(len(read["keep"]))
+            read["keep"].append(i)
+            if writer is None:
+                images.append(image)
+            else:
+                writer.put(image)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if writer is not None:
+        return writer.commit(read)
+    return (torch.stack(images) if images else torch.empty(0)), read
+
+
+def _flags(rows: dict[str, list[int]], n: int) -> dict[str, np.ndarray]:
+    """Each flag as a boolean per kept image, from the rows that have it."""
+    out = {}
+    for name in FLAGS:
+        out[name] = np.zeros(n, dtype=bool)
+        out[name][rows.get(name, [])] = True
+    return out
 
 
 def _label_column(csv_path: Path, table: pd.DataFrame, column: str, uncertain: str) -> np.ndarray:

@@ -9,22 +9,31 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
 
+from fed_auc.data.cache import ImageCache, file_sha256
 from fed_auc.data.images import resize
 from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
+from fed_auc.data.memmap import CachedImages
 from fed_auc.data.pool import SPLITS, ImagePool
 
+CHUNK = 1024  # images read from the archive at a time while the cache is built
 LICENSE = "CC BY 4.0 (MedMNIST v2; see the source dataset's own license)"
 
 
 def load_medmnist(
-    path: str | Path, image_size: int | None = None, positive_label: int | None = None
+    path: str | Path,
+    image_size: int | None = None,
+    positive_label: int | None = None,
+    cache: ImageCache | None = None,
 ) -> ImagePool:
     """Read every split of a MedMNIST npz into one pool (split column = the file's splits).
-    ``positive_label``: the label value that is positive (default: the file's 1)."""
+    ``positive_label``: the label value that is positive (default: the file's 1). ``cache``:
+    the images go to (or come from) this on-disk cache, read from the archive a chunk at a
+    time (``fed_auc.data.cache``), instead of into memory."""
     path = Path(path)
     positive_label = validate_positive_label(positive_label)
     if not path.is_file():
@@ -41,12 +50,21 @@ def load_medmnist(
                 f"{path}: missing key(s) {missing}; found {sorted(archive.files)}; a "
                 f"MedMNIST .npz has {expected}"
             )
-        images, labels, split = [], [], []
-        for s in SPLITS:
-            x, y = archive[f"{s}_images"], archive[f"{s}_labels"]
-            images.append(_images(path, s, x))
-            labels.append(_labels(path, s, y, len(x), binary=positive_label is None))
-            split += [s] * len(x)
+        if cache is None:
+            images, labels, split = [], [], []
+            for s in SPLITS:
+                x, y = archive[f"{s}_images"], archive[f"{s}_labels"]
+                images.append(_images(path, s, x))
+                labels.append(_labels(path, s, y, len(x), binary=positive_label is None))
+                split += [s] * len(x)
+            pixels = resize(torch.cat(images), image_size)
+        else:
+            pixels, counts = _cached_images(path, image_size, cache)
+            labels = [
+                _labels(path, s, archive[f"{s}_labels"], n, binary=positive_label is None)
+                for s, n in zip(SPLITS, counts, strict=True)
+            ]
+            split = [s for s, n in zip(SPLITS, counts, strict=True) for _ in range(n)]
     labels_all = select_positive(np.concatenate(labels), positive_label, str(path))
     meta = {"license": LICENSE, "file": str(path)}
     if positive_label is not None:
@@ -55,13 +73,65 @@ def load_medmnist(
         ["label"] if labels_all.shape[1] == 1 else [f"label{j}" for j in range(labels_all.shape[1])]
     )
     return ImagePool(
-        images=resize(torch.cat(images), image_size),
+        images=pixels,
         labels=torch.from_numpy(labels_all),
         label_names=names,
         source=f"medmnist:{path}",
         split=np.array(split),
         meta=meta,
     )
+
+
+def _cached_images(
+    path: Path, image_size: int | None, cache: ImageCache
+) -> tuple[CachedImages, list[int]]:
+    """The file's images from ``cache``, built first if needed, and each split's count. The
+    build reads each split's array from the archive ``CHUNK`` images at a time."""
+    source = str(path.resolve())
+    with zipfile.ZipFile(path) as archive:
+        headers = []
+        for s in SPLITS:
+            with archive.open(f"{s}_images.npy") as f:
+                headers.append(_header(f, path, s))
+        counts = [shape[0] for shape, _ in headers]
+        if image_size is None:
+            image_size = headers[0][0][1]
+        key = cache.key(source, {"npz_sha256": file_sha256(path), "image_size": image_size})
+        found = cache.open(source, key)
+        if found is not None:
+            return found[0], counts
+        writer = cache.writer(source, key, sum(counts), image_size)
+        try:
+            for s, (shape, dtype) in zip(SPLITS, headers, strict=True):
+                row = int(np.prod(shape[1:])) * dtype.itemsize
+                with archive.open(f"{s}_images.npy") as f:
+                    _header(f, path, s)  # the rows follow the header
+                    for start in range(0, shape[0], CHUNK):
+                        n = min(CHUNK, shape[0] - start)
+                        x = np.frombuffer(f.read(n * row), dtype).reshape(n, *shape[1:])
+                        for image in resize(_images(path, s, x), image_size):
+                            writer.put(image)
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.commit({})[0], counts
+
+
+def _header(f: IO[bytes], path: Path, split: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a ``.npy`` member, read from its header (``f`` is left at the
+    first row)."""
+    version = np.lib.format.read_magic(f)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read(f)
+    if fortran or dtype.hasobject or len(shape) not in (3, 4):
+        raise ValueError(
+            f"{path}: {split}_images is not a C-ordered (N, H, W[, C]) array of numbers"
+        )
+    return shape, dtype
 
 
 def _images(path: Path, split: str, x: np.ndarray) -> torch.Tensor:

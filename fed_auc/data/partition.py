@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fed_auc.data.base import SiteData, Split
+from fed_auc.data.memmap import gather
 from fed_auc.data.pool import SPLITS, ImagePool
 
 MANIFEST_FORMAT = "fed-auc-partition/1"
@@ -170,9 +171,9 @@ def sites_from_manifest(pool: ImagePool, manifest: dict[str, Any]) -> list[SiteD
             rows = torch.tensor(entry[split], dtype=torch.long)
             images = pool.images[rows]
             if shift:
-                images = ((images - 0.5) * shift["contrast"] + 0.5 + shift["brightness"]).clamp(
-                    0, 1
-                )
+                images = (
+                    (gather(images) - 0.5) * shift["contrast"] + 0.5 + shift["brightness"]
+                ).clamp(0, 1)
             splits[split] = Split(images, pool.labels[rows])
         meta = {
             "source": pool.source,

@@ -29,6 +29,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.memmap import chunks
 from fed_auc.data.stream import Batch, SplitStream
 
 
@@ -89,12 +90,16 @@ class PoissonBatches(SplitStream):
         self.log: DrawLog | None = None  # set by DP-SGD while a node trains
         self._passes = 0
 
-    def __next__(self) -> Batch:
+    def next_indices(self) -> torch.Tensor:
+        """Row indices of the next batch: every row's own coin against its class's rate."""
         coins = torch.rand(len(self.split), generator=self._generator, dtype=torch.float64)
-        rows = torch.nonzero(coins < self._rates).flatten()
+        return torch.nonzero(coins < self._rates).flatten()
+
+    def __next__(self) -> Batch:
+        rows = self.next_indices()
         if self.log is not None:
             self.log.draw(self.sample_rate, float(self.batch_size))
-        images = self.split.images[rows]
+        images = self._fetch(rows)
         if self.augment is not None and len(rows):
             images = self.augment(images)
         return Batch(images, self.split.labels[rows], self._weights[rows])
@@ -102,8 +107,11 @@ class PoissonBatches(SplitStream):
     def full_pass(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The whole split once, in order, in chunks (q = 1 for the accountant)."""
         self._passes += 1
-        for start in range(0, len(self.split), batch_size):
-            images = self.split.images[start : start + batch_size]
+        for start, images in zip(
+            range(0, len(self.split), batch_size),
+            chunks(self.split.images, batch_size, self.pin_memory, self.workers),
+            strict=True,
+        ):
             if self.log is not None:
                 self.log.chunk(self._passes, float(len(images)))
             yield images, self.split.labels[start : start + batch_size]

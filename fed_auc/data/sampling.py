@@ -21,6 +21,7 @@ import torch
 
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import Split
+from fed_auc.data.memmap import chunks
 from fed_auc.data.stream import Batch, SplitStream
 
 
@@ -73,7 +74,7 @@ class BatchStream(SplitStream):
 
     def __next__(self) -> Batch:
         rows = self.next_indices()
-        images = self.split.images[rows]
+        images = self._fetch(rows)
         if self.augment is not None:
             images = self.augment(images)
         return Batch(images, self.split.labels[rows], self.row_weights(rows))
@@ -99,11 +100,12 @@ class BatchStream(SplitStream):
 
         It does not move the stream: the next ``next()`` is what it would have been.
         """
-        for start in range(0, len(self.split), batch_size):
-            yield (
-                self.split.images[start : start + batch_size],
-                self.split.labels[start : start + batch_size],
-            )
+        for start, images in zip(
+            range(0, len(self.split), batch_size),
+            chunks(self.split.images, batch_size, self.pin_memory, self.workers),
+            strict=True,
+        ):
+            yield images, self.split.labels[start : start + batch_size]
 
     def next_indices(self) -> torch.Tensor:
         """Row indices of the next batch (what `next()` gathers)."""

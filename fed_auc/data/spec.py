@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.cache import ImageCache, file_sha256
 from fed_auc.data.labels import positive_classes
 from fed_auc.data.pool import ImagePool
 
@@ -57,15 +57,18 @@ def load_pool(
     site: str | None = None,
     positive_label: int | None = None,
     aspect: str = "pad",
+    cache: ImageCache | None = None,
 ) -> ImagePool:
     """Read a file source (not synthetic) into one pool of images resized to `image_size`;
     `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
     the positive class (fed_auc.data.labels); `aspect`: how non-square image files become
-    square (fed_auc.data.images; MedMNIST images are square)."""
+    square (fed_auc.data.images; MedMNIST images are square). `cache`: decode the images
+    into (or read them from) this on-disk cache, so the pool's images stay on disk
+    (fed_auc.data.cache); None: in memory."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
-        return load_medmnist(spec.path, image_size, positive_label)
+        return load_medmnist(spec.path, image_size, positive_label, cache)
     if spec.kind == "csv":
         from fed_auc.data.csv_images import load_csv_images
 
@@ -79,6 +82,7 @@ def load_pool(
             site=site,
             positive_label=positive_label,
             aspect=aspect,
+            cache=cache,
         )
     raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
 
@@ -142,15 +146,6 @@ def load_sites(
     return sites_out, manifest
 
 
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
     "aspect", "positive_class",
@@ -158,7 +153,11 @@ SITE_KEYS = (
 
 
 def site_from_config(
-    name: str, table: Mapping[str, Any], image_size: int, seed: int = 0
+    name: str,
+    table: Mapping[str, Any],
+    image_size: int,
+    seed: int = 0,
+    cache_dir: Path | None = None,
 ) -> SiteData:
     """A node's own data from the ``[data]`` table of its site TOML.
 
@@ -166,7 +165,8 @@ def site_from_config(
     has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images`` and
     ``positive_label`` as for ``--data``; ``aspect`` (pad, crop or stretch) for non-square
     images. Without a split column the rows are split 70/10/20
-    by patient, seeded by ``split_seed`` (default ``seed``).
+    by patient, seeded by ``split_seed`` (default ``seed``). ``cache_dir``: the site's image
+    cache (fed_auc.data.cache; a node's state directory holds it); None: images in memory.
     """
     unknown = sorted(set(table) - set(SITE_KEYS))
     if unknown or "spec" not in table:
@@ -186,6 +186,7 @@ def site_from_config(
         site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
         positive_label=table.get("positive_label"),
         aspect=table.get("aspect", "pad"),
+        cache=None if cache_dir is None else ImageCache(cache_dir, name),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:

@@ -20,6 +20,7 @@ import torch
 
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.labels import positive_classes
+from fed_auc.data.memmap import gather
 from fed_auc.io import save_json
 from fed_auc.metrics.operating_point import (
     ScoreBins,
@@ -101,7 +102,7 @@ def site_splits(sites: list[SiteData], split: str, by_site: bool) -> dict[str, S
     if by_site:
         return splits
     parts = list(splits.values())
-    images = torch.cat([p.images for p in parts])
+    images = torch.cat([gather(p.images) for p in parts])  # one split, in memory
     return {"all": Split(images, torch.cat([p.labels for p in parts]))}
 
 

@@ -110,6 +110,11 @@ class Compute:
     device: torch.device
     precision: str = "fp32"
 
+    @property
+    def pins_memory(self) -> bool:
+        """Whether images are read into pinned memory (faster copies to a CUDA device)."""
+        return self.device.type == "cuda"
+
     @classmethod
     def of(cls, device: str = AUTO, precision: str = "fp32", where: str = "") -> Compute:
         """From the settings; ``where`` (e.g. a site file) prefixes every error."""

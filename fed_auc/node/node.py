@@ -150,6 +150,7 @@ class Node:
             min_neg_fraction=min_neg_fraction,
             augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
         )
+        self.batches.pin_memory = self.compute.pins_memory  # a cached split's reads, for CUDA
         # what changes a release's computation, besides the request and the local state
         self._settings = {
             "backend": backend.name, "hyperparameters": backend.hyperparameters(),
@@ -376,4 +377,5 @@ class Node:
         """h = sigmoid(logit) for every image, in eval mode, averaged over the TTA views (on
         the node's device and precision)."""
         with self.compute.autocast():
-            return predict(self.trainable.model, images, self.tta, EVAL_BATCH)
+            model, pins = self.trainable.model, self.compute.pins_memory
+            return predict(model, images, self.tta, EVAL_BATCH, pin_memory=pins)

@@ -222,3 +222,9 @@ def test_the_same_round_in_another_precision_is_another_dp_release(tmp_path):
     assert again.metrics["dp_epsilon"] == first.metrics["dp_epsilon"]  # the same release
     other = node("bf16").train(Broadcast(0, "train", tensors, config))
     assert other.metrics["dp_epsilon"] > first.metrics["dp_epsilon"]  # other numbers: counted
+
+
+def test_a_node_reads_images_into_pinned_memory_only_for_a_cuda_device():
+    """Pinned host memory speeds copies to a GPU and only costs on the CPU."""
+    assert Compute(torch.device("cuda", 0)).pins_memory
+    assert not Compute(torch.device("cpu"), "bf16").pins_memory

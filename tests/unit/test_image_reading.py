@@ -14,6 +14,7 @@ from fed_auc.cli import main
 from fed_auc.data.cards import data_card, render_card
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.images import apply_window, read_image
+from fed_auc.data.memmap import gather
 from fed_auc.data.partition import partition_pool
 from tests.support.data_files import write_dicom, write_png, write_png16
 
@@ -231,7 +232,8 @@ def test_aspect_in_a_site_file_and_the_experiment_is_checked_and_used(tmp_path):
     data = SiteDefinition.from_toml(site).load(8)
     images = data_card(data)["images"]
     assert images["policy"]["aspect"] == "crop" and images["counts"]["non-square"] == 1
-    wide = data.train.images[(data.train.images - 200 / 255).abs().amax(dim=(1, 2, 3)) < 1e-3]
+    train = gather(data.train.images)  # from the site's image cache
+    wide = train[(train - 200 / 255).abs().amax(dim=(1, 2, 3)) < 1e-3]
     assert len(wide) == 1  # the wide image, cropped: all 200, no black band
     site.write_text('name = "s"\n[data]\nspec = "csv:d.csv"\naspect = "squash"\n')
     with pytest.raises(ValueError, match=r"s\.toml: \[data\] aspect = 'squash'"):

@@ -17,6 +17,7 @@ import torch
 from fed_auc.algorithms.partial import MemoryBudget, parse_budget
 from fed_auc.cli import main
 from fed_auc.cli.federation import require_flower
+from fed_auc.data.memmap import gather
 from fed_auc.site import SiteDefinition, available_memory, check_site_data
 from tests.support.data_files import write_dicom, write_npz, write_png
 
@@ -72,7 +73,7 @@ def _shared_csv(root: Path, split: bool = False) -> Path:
 
 
 def _images(split) -> set[bytes]:
-    return {image.numpy().tobytes() for image in split.images}
+    return {image.numpy().tobytes() for image in gather(split.images)}
 
 
 # -- (a) each kind of site file loads ----------------------------------------------------------
@@ -102,7 +103,7 @@ def test_a_site_column_picks_the_sites_rows_of_a_shared_csv(tmp_path):
     assert sum(map(len, (a.train, a.val, a.test))) == 36  # 18 patients × 2 views
     assert sum(map(len, (b.train, b.val, b.test))) == 24
     # a's images are the dark ones, b's the bright ones: the rows come from the right site
-    assert a.train.images.mean() < 0.35 < b.train.images.mean()
+    assert gather(a.train.images).mean() < 0.35 < gather(b.train.images).mean()
     assert (a.name, b.name) == ("a", "b") and a.label_names == ["label"]
     # no split column: 70/10/20 by patient, so no patient's image is in two splits
     train, val, test = _images(a.train), _images(a.val), _images(a.test)
@@ -112,7 +113,8 @@ def test_a_site_column_picks_the_sites_rows_of_a_shared_csv(tmp_path):
     # csv:PATH:ROOT: image paths start at ROOT, relative to the site file as well
     _write_csv(tmp_path / "lists" / "a.csv", _png_rows(shared.parent, "a", 18, 40))
     rooted = _site_file(sites, "rooted", {"spec": "csv:../lists/a.csv:../shared"})
-    assert torch.equal(SiteDefinition.from_toml(rooted).load(SIZE).train.images, a.train.images)
+    again = SiteDefinition.from_toml(rooted).load(SIZE)
+    assert torch.equal(gather(again.train.images), gather(a.train.images))
 
 
 def test_a_site_of_a_shared_csv_reads_only_its_own_rows(tmp_path):
@@ -150,7 +152,8 @@ def test_a_dicom_csv_site_loads_with_its_split_column(tmp_path):
     data = site.load(SIZE)
     expected = [sum(r["split"] == s for r in rows) for s in ("train", "val", "test")]
     assert [len(data.train), len(data.val), len(data.test)] == expected == [12, 4, 4]
-    assert float(data.train.images.min()) >= 0 and float(data.train.images.max()) <= 1
+    pixels = gather(data.train.images)
+    assert float(pixels.min()) >= 0 and float(pixels.max()) <= 1
     check_site_data(site, data)
 
 
@@ -170,7 +173,9 @@ def test_the_split_column_decides_the_split_whatever_the_split_seed(tmp_path):
     # 18 patients by the pattern: 6 fixed (2 train, 2 val, 2 test), 12 by p % 4
     assert [len(loads[0].train), len(loads[0].val), len(loads[0].test)] == [16, 10, 10]
     for split in ("train", "val", "test"):
-        assert torch.equal(getattr(loads[0], split).images, getattr(loads[1], split).images)
+        assert torch.equal(
+            gather(getattr(loads[0], split).images), gather(getattr(loads[1], split).images)
+        )
 
 
 def test_without_a_split_column_split_seed_seeds_the_split_and_the_experiment_seed_does_not(
@@ -187,10 +192,12 @@ def test_without_a_split_column_split_seed_seeds_the_split_and_the_experiment_se
 
     first, again, other = load(3), load(3), load(4)
     for split in ("train", "val", "test"):
-        assert torch.equal(getattr(first, split).images, getattr(again, split).images)
+        assert torch.equal(
+            gather(getattr(first, split).images), gather(getattr(again, split).images)
+        )
     assert _images(first.test) != _images(other.test)  # another split_seed, another split
     for experiment_seed in (1, 7):  # the test images never change between experiments
-        assert torch.equal(load(3, experiment_seed).test.images, first.test.images)
+        assert torch.equal(gather(load(3, experiment_seed).test.images), gather(first.test.images))
 
 
 @pytest.mark.parametrize(
