@@ -56,18 +56,40 @@ def _explained(command: str, run: Callable[[], None]) -> int:
     return 0
 
 
+_stop_asked: list[int] = []  # the signals that asked this command to stop
+
+
+def _stop(signum: int, frame: object) -> None:
+    """Ctrl-C and SIGTERM: remembered, then raised. Python swallows an exception raised in a
+    finalizer (``__del__``), so a stop that lands there is raised again at the next round."""
+    _stop_asked.append(signum)
+    raise KeyboardInterrupt
+
+
+def raise_a_lost_stop() -> None:
+    """Raise the stop the operator asked for if a finalizer swallowed it."""
+    if _stop_asked:
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
     """SIGTERM stops like Ctrl-C (KeyboardInterrupt), so the run is closed as stopped; the
-    previous handler is back afterwards (``main`` may run inside another program)."""
+    previous handlers are back afterwards (``main`` may run inside another program). A SIGINT
+    that the caller ignores (a background job) stays ignored."""
+    _stop_asked.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signals.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, _stop) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 _current_run: dict[str, str] = {}  # the run this command is training: run_id, runs_dir
@@ -130,6 +152,7 @@ def simulate(
     def on_round(record) -> None:
         bar.set_postfix(auc=fmt(record.global_auc), worst=fmt(record.worst_site_auc))
         bar.update(1)
+        raise_a_lost_stop()
 
     try:
         if resume is not None:

@@ -75,6 +75,12 @@ def _stores_a_round(runs: Path) -> bool:
         return not frame.empty and not store.rounds(frame["id"].iloc[0]).empty
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT handled as in a terminal: a test run started in the background by a shell
+    without job control inherits SIGINT ignored, and Python then never raises Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_simulate_marks_its_run_failed_and_says_how_to_resume(tmp_path, stop):
@@ -84,7 +90,8 @@ def test_a_stopped_simulate_marks_its_run_failed_and_says_how_to_resume(tmp_path
     command = [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config)]
     command += ["--runs-dir", str(runs)]
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     try:
         deadline = time.monotonic() + 120

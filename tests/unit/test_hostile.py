@@ -17,7 +17,7 @@ from fed_auc.data.synthetic import DEFAULT_PROFILES
 from fed_auc.exchange import Broadcast, Reply
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
-from fed_auc.node.node import Node
+from fed_auc.node.host import NodeHost
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import BUFFER
@@ -109,14 +109,17 @@ TAMPERINGS = {
 
 
 def run(tmp_path, monkeypatch, change, **changes) -> dict:
-    original = Node.train
+    """A simulation where site BAD answers with ``change``: its request host (what the
+    transport hands each request to) is replaced, so whatever it returns reaches the
+    coordinator as a hostile node's answer would."""
+    original = NodeHost.train
 
     def train(self, broadcast):
-        if self.name != BAD:
+        if self.hosting.name != BAD:
             return original(self, broadcast)
         return change(self, broadcast, original)
 
-    monkeypatch.setattr(Node, "train", train)
+    monkeypatch.setattr(NodeHost, "train", train)
     config = ExperimentConfig(runs_dir=str(tmp_path), max_update_norm=1e3, **{**SMALL, **changes})
     return run_simulation(config)
 
