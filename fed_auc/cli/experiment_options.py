@@ -313,10 +313,10 @@ def parse_backend_option(text: str) -> tuple[str, Any]:
 
 
 def read_config_file(path: Path, fields: set[str]) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"fed-auc: cannot read config {path}: {exc}") from None
+    """``--config``: the experiment file, every key one of ``fields``."""
+    from fed_auc.experiment.files import read_experiment_file
+
+    data = read_experiment_file(path, "simulate")
     unknown = sorted(set(data) - fields)
     if unknown:
         raise SystemExit(

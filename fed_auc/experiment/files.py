@@ -64,15 +64,25 @@ def recorded_config(recorded: dict[str, Any], runs_dir: str | Path) -> Experimen
     return ExperimentConfig(**{"min_neg_fraction": 0.0, **recorded, "runs_dir": str(runs_dir)})
 
 
+def read_experiment_file(path: Path, command: str) -> dict[str, Any]:
+    """An experiment TOML as written (``fed-auc simulate --config`` and ``fed-auc coordinator
+    --config`` both read it here). A relative ``init`` is relative to the file, as
+    ``certs_dir`` is, so a config and its weights can move together."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"fed-auc {command}: cannot read config {path}: {exc}") from None
+    if isinstance(data.get("init"), str):
+        data["init"] = str((path.parent / data["init"]).resolve())
+    return data
+
+
 def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The experiment options plus a ``[flower]`` table, validated before anything starts."""
     from fed_auc.experiment.checks import SIMULATED_FEDERATION
     from fed_auc.experiment.config import ExperimentConfig
 
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"fed-auc coordinator: cannot read config {path}: {exc}") from None
+    data = read_experiment_file(path, "coordinator")
     flower = data.pop("flower", None)
     if not isinstance(flower, dict):
         raise SystemExit(f"fed-auc coordinator: config {path}: missing [flower] table")

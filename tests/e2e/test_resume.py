@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from benchmarks.reliability import rounds_in  # the last round a runs folder recorded
 from fed_auc.coordinator.checkpoint import load_checkpoint
 from fed_auc.coordinator.errors import FederationError
 from fed_auc.experiment.config import ExperimentConfig
@@ -78,15 +79,6 @@ def start_cli_run(runs: Path) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
 
 
-def recorded_rounds(runs: Path) -> int:
-    if not (runs / "fed_auc.sqlite").exists():
-        return -1
-    with RunStore(runs) as store:
-        runs_frame = store.runs()
-        last = None if runs_frame.empty else store.last_round(runs_frame["id"].iloc[0])
-    return -1 if last is None else last
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_seed", [0])
 def test_sigkill_mid_round_then_resume_equals_uninterrupted(
@@ -94,7 +86,7 @@ def test_sigkill_mid_round_then_resume_equals_uninterrupted(
 ) -> None:
     process = start_cli_run(tmp_path)
     deadline = time.monotonic() + 600
-    while recorded_rounds(tmp_path) < 2:  # let it commit a few rounds, then kill it mid-round
+    while rounds_in(tmp_path) < 2:  # let it commit a few rounds, then kill it mid-round
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline, "the run did not reach round 2"
         time.sleep(0.05)
@@ -102,7 +94,7 @@ def test_sigkill_mid_round_then_resume_equals_uninterrupted(
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL
-    before = recorded_rounds(tmp_path)
+    before = rounds_in(tmp_path)
     assert 2 <= before < ROUNDS, f"killed after round {before}: not mid-run"
 
     with RunStore(tmp_path) as store:

@@ -167,3 +167,26 @@ def test_old_torchvision_layer_names_map_as_monai_maps_them() -> None:
     assert monai_name("features.transition2.conv.weight", "torchvision") == (
         "net.features.transition2.conv.weight"
     )
+
+
+def test_an_init_in_an_experiment_file_is_relative_to_that_file(tmp_path: Path, monkeypatch):
+    """simulate and coordinator read experiment files alike: ``init = "weights.pt"`` is the
+    file beside the config, wherever the command runs from."""
+    import argparse
+
+    from fed_auc.cli.experiment_options import config_from_args
+    from fed_auc.experiment.files import load_experiment
+
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "weights.pt").write_bytes(b"")  # only its place matters here
+    (folder / "sim.toml").write_text('init = "weights.pt"\nmodel = "tiny"\n')
+    flower = '\n[flower]\ninsecure = true\n'
+    (folder / "fl.toml").write_text('init = "weights.pt"\nmodel = "tiny"' + flower)
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    args = argparse.Namespace(
+        config=folder / "sim.toml", sites_dir=None, sites=None, backend_option=None
+    )
+    expected = str((folder / "weights.pt").resolve())
+    assert config_from_args(args).init == expected
+    assert load_experiment(folder / "fl.toml", {})["experiment"]["init"] == expected
