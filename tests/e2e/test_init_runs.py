@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from benchmarks.common.weight_files import densenet_file
+from benchmarks.reliability import rounds_in
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.registry.load import load_registered_model
 from fed_auc.registry.register import register_model
 from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.run_store import RunStore
-from tests.e2e.test_resume import final_model, recorded_rounds
+from tests.e2e.test_resume import final_model
 
 OPTIONS = {"sites": 3, "local_steps": 2, "seed": 5, "data_scale": 0.3, "select": "last"}
 
@@ -114,14 +115,14 @@ def test_sigkilled_init_run_resumes_to_the_uninterrupted_model(
             "--init", str(imagenet_file), "--runs-dir", str(tmp_path)]  # fmt: skip
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 600
-    while recorded_rounds(tmp_path) < 2:
+    while rounds_in(tmp_path) < 2:
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline, "the run did not reach round 2"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     process.stderr.close()
-    assert recorded_rounds(tmp_path) < 4, "killed after the last round: not mid-run"
+    assert rounds_in(tmp_path) < 4, "killed after the last round: not mid-run"
     with RunStore(tmp_path) as store:
         run_id = store.runs()["id"].iloc[0]
     resumed = resume_simulation(tmp_path, run_id)
