@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fed_auc.registry.register import register_model
 from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.run_store import RunStore
 from tests.e2e.test_resume import final_model
+from tests.support.processes import slowed_fed_auc_args
 
 OPTIONS = {"sites": 3, "local_steps": 2, "seed": 5, "data_scale": 0.3, "select": "last"}
 
@@ -111,8 +111,8 @@ def test_sigkilled_init_run_resumes_to_the_uninterrupted_model(
     config = tmp_path.parent / f"{tmp_path.name}.toml"
     options = {**OPTIONS, "rounds": 4}
     config.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in options.items()))
-    args = [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config),
-            "--init", str(imagenet_file), "--runs-dir", str(tmp_path)]  # fmt: skip
+    args = slowed_fed_auc_args("simulate", "--config", str(config), "--init", str(imagenet_file),
+                               "--runs-dir", str(tmp_path), site_delay_s=0.2)  # fmt: skip
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 600
     while rounds_in(tmp_path) < 2:

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch, save_state
 from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.run_store import RunStore
+from tests.support.processes import slowed_fed_auc_args
 
 ROUNDS = 6
 OPTIONS = {"sites": 3, "rounds": ROUNDS, "local_steps": 2, "seed": 5, "data_scale": 0.4}
@@ -74,8 +74,9 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
 def start_cli_run(runs: Path) -> subprocess.Popen:
     config = runs.parent / f"{runs.name}.toml"
     config.write_text("".join(f"{key} = {value}\n" for key, value in OPTIONS.items()))
-    args = [sys.executable, "-m", "fed_auc.cli", "simulate", "--config", str(config)]
-    args += ["--runs-dir", str(runs)]
+    args = slowed_fed_auc_args(
+        "simulate", "--config", str(config), "--runs-dir", str(runs), site_delay_s=0.2
+    )
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
 
 

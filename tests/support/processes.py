@@ -33,6 +33,28 @@ def start_fed_auc(
         )
 
 
+# Each site's training slowed by a sleep so a round outlasts a test's kill delay; sleeping
+# changes no number the run records.
+_SLOWED = """
+import sys, time
+from fed_auc.node.host import NodeHost
+train = NodeHost.train
+def slow_train(self, broadcast):
+    time.sleep({delay})
+    return train(self, broadcast)
+NodeHost.train = slow_train
+from fed_auc.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def slowed_fed_auc_args(*args: str, site_delay_s: float) -> list[str]:
+    """The command line of ``fed-auc *args`` in which each site's training first sleeps
+    ``site_delay_s``: a test that kills a run mid-way cannot be outrun by a fast machine
+    (seen in CI: 4 rounds recorded within a 0.4 s kill delay)."""
+    return [sys.executable, "-c", _SLOWED.format(delay=site_delay_s), *args]
+
+
 def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
     """Block until ``text`` appears in ``log``; fail if ``process`` exits first."""
     deadline = time.monotonic() + timeout
