@@ -20,8 +20,10 @@ import streamlit as st
 
 from app import access, audit
 from app.access import Access, AccessFileError, Role
+from fed_auc.cli.dashboard_auth import is_loopback
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
+INSECURE_PUBLIC_ENV = "FED_AUC_INSECURE_PUBLIC"  # set by ``fed-auc dashboard --insecure-public``
 DEFAULT_PAGE = "overview"
 
 
@@ -104,6 +106,7 @@ def admit() -> Viewer:
     """The viewer, or a sign-in / refusal page and ``st.stop()``: nothing of the store is
     read before someone the access file names is signed in."""
     if not sign_in_required():
+        _refuse_open_bind()
         return Viewer(None, "operator", None)
     if not st.user.is_logged_in:
         st.title("fed-auc dashboard")
@@ -118,6 +121,24 @@ def admit() -> Viewer:
     if _expired(rules, user):
         _refuse(user, "expired", "Your sign-in has expired: sign out, then sign in again.")
     return Viewer(user, role, rules)
+
+
+def _refuse_open_bind() -> None:
+    """Without sign-in, serve only where ``fed-auc dashboard`` would: a loopback address, or
+    another one the operator chose with ``--insecure-public``. ``streamlit run`` by hand
+    listens on every interface by default, and would show every run to the network."""
+    address = st.get_option("server.address")
+    if is_loopback(address) or os.environ.get(INSECURE_PUBLIC_ENV):
+        return
+    where = f"address {address}" if address else "every network interface"
+    st.title("fed-auc dashboard")
+    st.error(
+        f"This dashboard has no sign-in and listens on {where}: anyone who reaches it would "
+        "see every run. Start it with `fed-auc dashboard` (loopback only), with "
+        '`fed-auc dashboard --auth oidc` (hospitals/README.md, "Who can open the '
+        'dashboard"), or add `--server.address 127.0.0.1` to `streamlit run`.'
+    )
+    st.stop()
 
 
 def _refuse(user: dict[str, Any], event: str, message: str) -> NoReturn:

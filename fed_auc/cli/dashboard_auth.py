@@ -86,7 +86,7 @@ def settings(args: Any) -> Settings:
         missing = [k for k in OIDC_REQUIRED if not result.oidc.get(k)]
         if missing:
             raise SystemExit(f"{where}: --auth oidc needs [oidc] {', '.join(missing)} (--config)")
-    elif not _loopback(result.host) and not result.insecure_public:
+    elif not is_loopback(result.host) and not result.insecure_public:
         raise SystemExit(
             f"{where}: refusing to serve the dashboard on {result.host} without sign-in: anyone "
             "who reaches that address would see every run. Use --auth oidc (see hospitals/"
@@ -116,7 +116,11 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str | None) -> bool:
+    """Whether only this machine reaches ``host`` (None or "": every interface, Streamlit's
+    default)."""
+    if not host:
+        return False
     if host == "localhost":
         return True
     try:

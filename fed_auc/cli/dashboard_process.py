@@ -66,8 +66,8 @@ def dashboard(config: Settings) -> int:
         )
     runs_dir, host, port = config.runs_dir, config.host, config.port
     env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
-    for name in ("FED_AUC_ACCESS_FILE", "FED_AUC_AUDIT_LOG"):
-        env.pop(name, None)  # sign-in is on only when this command turns it on
+    for name in ("FED_AUC_ACCESS_FILE", "FED_AUC_AUDIT_LOG", "FED_AUC_INSECURE_PUBLIC"):
+        env.pop(name, None)  # sign-in (or an open public address) only when this command says
     command = [
         sys.executable, "-m", "streamlit", "run", str(script),
         "--server.headless", "true", "--server.port", str(port), "--server.address", host,
@@ -83,6 +83,7 @@ def dashboard(config: Settings) -> int:
     else:
         state = "UNAUTHENTICATED: anyone who reaches this address sees every run"
         if config.insecure_public:
+            env["FED_AUC_INSECURE_PUBLIC"] = "1"  # the app serves a non-loopback bind
             print(
                 f"fed-auc dashboard: WARNING: serving {host} without sign-in (--insecure-public)"
                 ": only safe behind a proxy that signs people in (hospitals/README.md)",

@@ -17,9 +17,9 @@ from streamlit.testing.v1 import AppTest
 from app import access, audit
 from app.access import AccessFileError
 from app.common import RUNS_DIR_ENV
-from app.gate import ACCESS_FILE_ENV
+from app.gate import ACCESS_FILE_ENV, INSECURE_PUBLIC_ENV
 from fed_auc.cli.dashboard_process import add_dashboard_parser
-from tests.support.apptest import APP, texts
+from tests.support.apptest import APP, streamlit_option, texts
 from tests.support.dashboard_store import fill
 from tests.support.paths import ROOT
 
@@ -248,11 +248,35 @@ def test_without_sign_in_the_dashboard_binds_to_loopback_only(capsys):
 def test_insecure_public_warns_and_the_start_says_it_is_unauthenticated(monkeypatch, capsys):
     from fed_auc.cli import dashboard_process
 
-    monkeypatch.setattr(dashboard_process, "_serve", lambda command, env: 0)
+    served = {}
+    monkeypatch.setattr(dashboard_process, "_serve", lambda command, env: served.update(env) or 0)
+    monkeypatch.setenv(INSECURE_PUBLIC_ENV, "1")  # from the caller's shell: never passed on
+    assert dashboard_process.dashboard(_settings("--host", "127.0.0.1")) == 0
+    assert INSECURE_PUBLIC_ENV not in served
     assert dashboard_process.dashboard(_settings("--host", "0.0.0.0", "--insecure-public")) == 0
+    assert served[INSECURE_PUBLIC_ENV] == "1"  # the app serves the address the operator chose
     err = capsys.readouterr().err
     assert "WARNING: serving 0.0.0.0 without sign-in (--insecure-public)" in err
     assert "UNAUTHENTICATED" in err and "/_stcore/metrics" in err
+
+
+@pytest.mark.parametrize("address", [None, "0.0.0.0", "10.1.2.3"])
+def test_streamlit_run_by_hand_on_an_open_address_shows_nothing_of_the_store(
+    monkeypatch, store_dir, address
+):
+    """``streamlit run app/streamlit_app.py`` without fed-auc's launcher listens on every
+    interface: the app itself refuses to serve the store there without sign-in."""
+    monkeypatch.setenv(RUNS_DIR_ENV, str(store_dir))
+    monkeypatch.delenv(INSECURE_PUBLIC_ENV, raising=False)
+    with streamlit_option("server.address", address):
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        shown = "\n".join(str(e.value) for e in [*at.title, *at.error, *at.markdown])
+        assert not at.exception, [e.value for e in at.exception]
+        assert "no sign-in and listens on" in shown and "--server.address 127.0.0.1" in shown
+        assert not at.sidebar.selectbox and all(r not in shown for r in RUN_IDS)
+        monkeypatch.setenv(INSECURE_PUBLIC_ENV, "1")  # fed-auc dashboard --insecure-public
+        opened = AppTest.from_file(APP, default_timeout=60).run()
+        assert not opened.error and opened.sidebar.selectbox(key="run_id").options
 
 
 def test_sign_in_settings_come_from_the_config_file_and_the_secrets_are_per_launch(

@@ -82,7 +82,8 @@ def test_the_wheel_carries_the_app_and_its_dashboard_starts(tmp_path):
     assert all(Path(p).is_relative_to(packages) for p in where), where
 
     render = (
-        "from streamlit.testing.v1 import AppTest; import app, pathlib, os;"
+        "from streamlit.testing.v1 import AppTest; import app, pathlib, os, streamlit.config;"
+        "streamlit.config.set_option('server.address', '127.0.0.1');"
         f"os.environ['FED_AUC_RUNS_DIR'] = {str(runs)!r};"
         "at = AppTest.from_file(str(pathlib.Path(app.__file__).parent / 'streamlit_app.py'),"
         " default_timeout=60).run(); assert not at.exception, at.exception;"

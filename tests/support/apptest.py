@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from streamlit import config
 from streamlit.testing.v1 import AppTest
 
 from app.common import RUNS_DIR_ENV
@@ -13,6 +18,17 @@ APP = str(ROOT / "app" / "streamlit_app.py")
 PAGES = (
     "overview", "sites", "heterogeneity", "participation", "compare", "roc", "operating_point"
 )  # fmt: skip
+
+
+@contextmanager
+def streamlit_option(name: str, value: Any) -> Iterator[None]:
+    """A Streamlit server option (as ``--server.address`` gives it) for the apps run inside."""
+    before = config.get_option(name)
+    config.set_option(name, value)
+    try:
+        yield
+    finally:
+        config.set_option(name, before)
 
 
 def open_page(monkeypatch, runs_dir, page: str, run_id: str | None = None) -> AppTest:
