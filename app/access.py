@@ -21,6 +21,7 @@ may see; this file does. No Streamlit here, so the rules are tested without a br
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -192,3 +193,16 @@ def _restriction(path: Path, i: int, entry: dict[str, Any]) -> Restriction:
         )
     who = tuple(_who(f"{where}, visible_to[{j}]", v, set()) for j, v in enumerate(visible))
     return Restriction(entry.get("run"), entry.get("experiment"), who)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether only this machine reaches ``host`` (None or "": every interface, Streamlit's
+    default)."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere

@@ -19,8 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from app import access, audit
-from app.access import Access, AccessFileError, Role
-from fed_auc.cli.dashboard_auth import is_loopback
+from app.access import Access, AccessFileError, Role, is_loopback
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
 INSECURE_PUBLIC_ENV = "FED_AUC_INSECURE_PUBLIC"  # set by ``fed-auc dashboard --insecure-public``

@@ -34,7 +34,7 @@ from fed_auc.data.synthetic import SiteProfile, make_site
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
 from fed_auc.node.compute import Compute
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,10 @@ def step_vs_plain(settings: Settings, compute: Compute) -> dict:
     plain = PlainLoop(settings, site, p, compute)
     backend = build_backend("codasca", local_steps=steps, seed=settings.seed)
     with tempfile.TemporaryDirectory() as state_dir:
-        node = Node(
-            site, backend, plain.model.config(), "auc_margin", state_dir, batch,
-            seed=settings.seed, compute=compute,
-        )  # fmt: skip
+        training = LocalTraining(
+            plain.model.config(), "auc_margin", batch_size=batch, seed=settings.seed
+        )
+        node = Node(site, backend, training, state_dir, compute=compute)
         node_rates, plain_rates, peaks = alternate_rounds(
             node, backend, plain.steps, p, settings.rounds, steps, batch
         )

@@ -45,7 +45,7 @@ from benchmarks.systems.overhead import PlainLoop
 from fed_auc.algorithms import build_backend
 from fed_auc.data.cache import CACHE_FOLDER, MANIFEST
 from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.site import SiteDefinition
 
 DISTINCT = 2_000  # distinct PNG files; rows beyond are hard links under their own names
@@ -174,7 +174,8 @@ def throughput(data: Path, model: str, batch: int, steps: int, rounds: int) -> d
     backend = build_backend("codasca", local_steps=steps, seed=0)
     node_rates, plain_rates = [], []
     with tempfile.TemporaryDirectory() as state_dir:
-        node = Node(site, backend, plain.model.config(), "auc_margin", state_dir, batch)
+        training = LocalTraining(plain.model.config(), "auc_margin", batch_size=batch)
+        node = Node(site, backend, training, state_dir)
         state = backend.init_server(node.trainable, {site.name: len(train)})
         for round_ in range(rounds + 1):
             broadcast = backend.plan(state, round_)

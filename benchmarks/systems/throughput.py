@@ -36,7 +36,7 @@ from benchmarks.systems.overhead import PlainLoop
 from fed_auc.algorithms import build_backend
 from fed_auc.data.synthetic import SiteProfile, make_site
 from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ def node_vs_plain(
     plain = PlainLoop(config, site.train, [p])
     backend = build_backend("codasca", local_steps=steps, seed=seed)
     with tempfile.TemporaryDirectory() as state_dir:
-        node = Node(site, backend, plain.model.config(), "auc_margin", state_dir, batch, seed=seed)
+        training = LocalTraining(plain.model.config(), "auc_margin", batch_size=batch, seed=seed)
+        node = Node(site, backend, training, state_dir)
         node_rates, plain_rates, _ = alternate_rounds(
             node, backend, plain.steps, p, rounds, steps, batch
         )

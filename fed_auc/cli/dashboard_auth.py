@@ -21,7 +21,6 @@ per-launch Streamlit secrets file that holds the provider and the cookie secret.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 import tempfile
@@ -62,6 +61,8 @@ class Settings:
 
 def settings(args: Any) -> Settings:
     """Defaults, then ``--config``'s keys, then the flags given; checked."""
+    from app.access import is_loopback  # the app's own rule, which it holds to when run by hand
+
     values: dict[str, Any] = {}
     if args.config is not None:
         values.update(_read(Path(args.config)))
@@ -114,19 +115,6 @@ def _read(path: Path) -> dict[str, Any]:
             f"not {sorted(set(oidc) - OIDC_KEYS) if isinstance(oidc, dict) else oidc!r}"
         )
     return data
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether only this machine reaches ``host`` (None or "": every interface, Streamlit's
-    default)."""
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
 
 
 def _secret(oidc: dict[str, Any], file_key: str, env: str) -> str | None:

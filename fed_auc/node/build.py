@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.node.setup import SEED_STRIDE, NodeSetup, SiteHosting, check_batch_size
 from fed_auc.privacy.dp_sgd import ExampleDP
 from fed_auc.privacy.update_dp import UpdateDP
@@ -29,30 +29,26 @@ def build_node(
     planner plans for; its compute (device, precision) is its operator's, never the
     coordinator's: ``NodeSetup`` carries none."""
     check_batch_size(data, setup.batch_size)
-    privacy = example = None
+    privacy = None
     if setup.example_dp is not None:
-        example = ExampleDP(**setup.example_dp)
+        privacy = ExampleDP(**setup.example_dp)
     elif setup.update_dp is not None:
         privacy = UpdateDP(**setup.update_dp)
     augment = hosting.augment or setup.augment
-    return Node(
-        data,
-        build_backend(setup.algorithm, **setup.hyperparameters),
+    training = LocalTraining(
         setup.model_config,
         setup.loss,
-        state_dir=state_dir,
         batch_size=setup.batch_size,
         min_pos_fraction=setup.min_pos_fraction,
         min_neg_fraction=setup.min_neg_fraction,
         seed=setup.seed * SEED_STRIDE + hosting.seed_index,
-        privacy=privacy,
-        example_dp=example,
-        memory_budget=hosting.memory_budget if setup.partial_training else None,
-        personalization=setup.personalization(),
-        trainable=trainable,
-        state_in_memory=state_in_memory,
-        local_steps=hosting.local_steps,
         augment=augment,
         tta=hosting.tta or (setup.tta if augment == setup.augment else None),
-        compute=hosting.compute,
+        local_steps=hosting.local_steps,
+        memory_budget=hosting.memory_budget if setup.partial_training else None,
+        personalization=setup.personalization(),
+    )
+    backend = build_backend(setup.algorithm, **setup.hyperparameters)
+    return Node(
+        data, backend, training, state_dir, privacy, hosting.compute, trainable, state_in_memory
     )

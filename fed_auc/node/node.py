@@ -21,6 +21,7 @@ import dataclasses
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,24 @@ def label_bins(
     ]
 
 
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a node trains, settled once from the experiment (``NodeSetup``) and its site file
+    (``SiteHosting``) by ``build_node``: what a test or benchmark gives directly."""
+
+    model_config: dict[str, Any]
+    loss: str
+    batch_size: int = 32
+    min_pos_fraction: float = 0.05
+    min_neg_fraction: float = 0.0
+    seed: int = 0  # the batch sampler's (and, offset, the augmentation's)
+    augment: str = "none"
+    tta: str | None = None  # None: the default for ``augment``, as in ``fed-auc simulate``
+    local_steps: int | None = None  # the site's own τ_i, which DP's planner plans for
+    memory_budget: float | int | str | None = None  # partial training: what the budget allows
+    personalization: Personalization | None = None
+
+
 class Node:
     """One site's participant in the federation."""
 
@@ -75,102 +94,82 @@ class Node:
         self,
         site: SiteData,
         backend: Backend,
-        model_config: dict[str, Any],
-        loss_name: str,
+        training: LocalTraining,
         state_dir: str | Path,
-        batch_size: int = 32,
-        min_pos_fraction: float = 0.05,
-        min_neg_fraction: float = 0.0,
-        seed: int = 0,
-        memory_budget: float | int | str | None = None,
-        personalization: Personalization | None = None,
-        privacy: UpdateDP | None = None,
+        privacy: UpdateDP | ExampleDP | None = None,
+        compute: Compute | None = None,
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
-        augment: str = "none",
-        tta: str | None = None,
-        example_dp: ExampleDP | None = None,
-        local_steps: int | None = None,
-        compute: Compute | None = None,
     ) -> None:
-        """``trainable``: a warm model shared with other in-process nodes (every request
-        loads the global tensors into it first, so it carries nothing from one site to the
-        next); None builds this node's own. ``local_steps``: the site's own τ_i (its site
-        file), which DP's planner plans for instead of the experiment's. ``state_in_memory``
-        False keeps the local state on disk only between rounds, so a simulation of hundreds
-        of sites holds one at a time.
-        ``tta``: test-time augmentation of every split it scores (fed_auc.tta); None: the
-        default for its ``augment``, as in ``fed-auc simulate``.
-        ``compute``: the device and precision the operator chose (None: fp32 on the CPU); the
-        whole local step and scoring run there, while local state and replies stay fp32 on
-        the CPU, so what is saved and what travels does not depend on it.
-        """
+        """``privacy``: update-level DP (``UpdateDP``) or DP-SGD (``ExampleDP``), noised from
+        a secret only this node holds. ``compute``: the device and precision the operator
+        chose (None: fp32 on the CPU); the whole local step and scoring run there, while
+        local state and replies stay fp32 on the CPU, so what is saved and what travels does
+        not depend on it. ``trainable``: a warm model shared with other in-process nodes
+        (every request loads the global tensors into it first, so it carries nothing from one
+        site to the next); None builds this node's own. ``state_in_memory`` False keeps the
+        local state on disk only between rounds, so a simulation of hundreds of sites holds
+        one at a time."""
         self.site = site
-        self.tta = check_tta(default_tta(augment) if tta is None else tta)
+        self.training = training
+        self.tta = check_tta(
+            default_tta(training.augment) if training.tta is None else training.tta
+        )
         self.backend = backend
         self.state_path = Path(state_dir) / LOCAL_STATE_FILE
         self.pending_path = Path(state_dir) / PENDING_STATE_FILE
         for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
             remove_stale_temporaries(path)
-        if trainable is not None and (memory_budget is not None or personalization is not None):
-            raise ValueError("partial training and personal models need a node's own model")
-        if trainable is None:
-            trainable = Trainable.with_loss(model_from_config(model_config), loss_name)
         self.compute = compute or Compute(torch.device("cpu"))
+        example_dp = privacy if isinstance(privacy, ExampleDP) else None
         if example_dp is not None and self.compute.precision == "fp16":
             raise ValueError(
                 f"site {site.name!r}: precision fp16 with dp = 'example' is not supported "
                 "(per-example gradients have no loss scale); use bf16 or fp32"
             )
-        self.trainable = trainable.to(self.compute.device)
-        self.trainable.loss_scale = self.compute.loss_scale()
+        self.trainable = self._trainable(trainable)
         self.state_in_memory = state_in_memory
-        if memory_budget is not None:  # partial training: the suffix the budget allows
-            where = f"site {site.name!r} memory_budget"
-            table = memory_table(model_config, batch_size, int(site.train.images.shape[-1]))
-            groups = choose_groups(table, parse_budget(memory_budget, where), where)
-            if groups is not None:
-                self.trainable.train_only(groups)
-        self.personalization = personalization
-        if personalization is not None:
-            personalization.check_backend(backend)
-            personalization.setup(self.trainable)
+        self.personalization = training.personalization
+        if self.personalization is not None:
+            self.personalization.check_backend(backend)
+            self.personalization.setup(self.trainable)
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
-        if example_dp is not None and privacy is not None:
-            raise ValueError("choose update-level (privacy) or example-level DP, not both")
-        noised = example_dp is not None or (privacy is not None and privacy.accounted)
+        noised = example_dp is not None or (isinstance(privacy, UpdateDP) and privacy.accounted)
         # the noise (and DP-SGD's sample) come from a secret only this node holds
         self.secret = NodeSecret(state_dir) if noised else None
         stream = BatchStream if example_dp is None else PoissonBatches
+        augment = training.augment
         self.batches = stream(
             site.train,
-            batch_size,
-            seed=seed if example_dp is None else self.secret.seed("sampler"),
-            min_pos_fraction=min_pos_fraction,
-            min_neg_fraction=min_neg_fraction,
-            augment=None if augment == "none" else Augment(augment, seed + AUGMENT_SEED_OFFSET),
+            training.batch_size,
+            seed=training.seed if example_dp is None else self.secret.seed("sampler"),
+            min_pos_fraction=training.min_pos_fraction,
+            min_neg_fraction=training.min_neg_fraction,
+            augment=None
+            if augment == "none"
+            else Augment(augment, training.seed + AUGMENT_SEED_OFFSET),
         )
         self.batches.pin_memory = self.compute.pins_memory  # a cached split's reads, for CUDA
         # what changes a release's computation, besides the request and the local state
         self._settings = {
             "backend": backend.name, "hyperparameters": backend.hyperparameters(),
-            "loss": loss_name, "batch_size": batch_size, "augment": augment,
-            "floors": [min_pos_fraction, min_neg_fraction],
+            "loss": training.loss, "batch_size": training.batch_size, "augment": augment,
+            "floors": [training.min_pos_fraction, training.min_neg_fraction],
             "trained_groups": self.trainable.trained_groups,
-            "personalize": None if personalization is None else repr(personalization),
-            "dp": repr(example_dp or privacy),
+            "personalize": None if self.personalization is None else repr(self.personalization),
+            "dp": repr(privacy),
             "compute": self.compute.describe(),  # another device or precision: other numbers
         }  # fmt: skip
         self.private_training = None
         if example_dp is not None:
-            if local_steps is not None:
-                example_dp = dataclasses.replace(example_dp, local_steps=local_steps)
+            if training.local_steps is not None:
+                example_dp = dataclasses.replace(example_dp, local_steps=training.local_steps)
             self.private_training = PrivateTraining(
                 example_dp, site.name, self.batches, state_dir, self.secret,
                 self.private_draws(example_dp.local_steps),
             )  # fmt: skip
         self.private_updates = None
-        if privacy is not None:
+        if isinstance(privacy, UpdateDP):
             blocks = [len(backend.reply_layout(phase).prefixes) for phase in backend.phases]
             self.private_updates = PrivateUpdates(
                 privacy, site.name, state_dir, self.secret, blocks
@@ -179,6 +178,26 @@ class Node:
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
         self._secure = None  # this site's side of secure aggregation, made when first asked
+
+    def _trainable(self, shared: Trainable | None) -> Trainable:
+        """The model and loss on this node's device: the shared warm one, or its own, of which
+        partial training trains only the suffix the site's memory budget allows."""
+        training, name = self.training, self.site.name
+        own = training.memory_budget is not None or training.personalization is not None
+        if shared is not None and own:
+            raise ValueError("partial training and personal models need a node's own model")
+        if shared is None:
+            shared = Trainable.with_loss(model_from_config(training.model_config), training.loss)
+        trainable = shared.to(self.compute.device)
+        trainable.loss_scale = self.compute.loss_scale()
+        if training.memory_budget is not None:
+            where = f"site {name!r} memory_budget"
+            image_side = int(self.site.train.images.shape[-1])
+            table = memory_table(training.model_config, training.batch_size, image_side)
+            groups = choose_groups(table, parse_budget(training.memory_budget, where), where)
+            if groups is not None:
+                trainable.train_only(groups)
+        return trainable
 
     @property
     def name(self) -> str:

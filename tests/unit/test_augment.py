@@ -10,7 +10,7 @@ from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
 from fed_auc.data.sampling import BatchStream
 from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from tests.support.batches import make_split, ramp_images
 
 
@@ -102,10 +102,9 @@ def test_node_trains_on_augmented_batches_but_evaluates_the_stored_images(tmp_pa
     site = SiteData("s", split, split, split, ["label"])
     config = {"arch": "tiny", "num_labels": 1, "in_channels": 1}
     backend = build_backend("fedavg", local_steps=1)
-    node = Node(
-        site, backend, config, "ce", tmp_path, batch_size=8, augment="crop_flip", tta="none"
-    )
-    plain = Node(site, backend, config, "ce", tmp_path / "p", batch_size=8)
+    training = LocalTraining(config, "ce", batch_size=8, augment="crop_flip", tta="none")
+    node = Node(site, backend, training, tmp_path)
+    plain = Node(site, backend, LocalTraining(config, "ce", batch_size=8), tmp_path / "p")
     x, y, _ = next(node.batches)
     x0, y0, _ = next(plain.batches)
     assert torch.equal(y, y0) and not torch.equal(x, x0)

@@ -15,7 +15,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, group_names
 from fed_auc.node.compute import Compute, LossScale, resolve_device
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.simulation import run_simulation
 from fed_auc.site import SiteDefinition
 from fed_auc.store.run_store import RunStore
@@ -93,10 +93,8 @@ def make_node(state_dir: Path, precision: str = "fp32") -> tuple[Node, dict]:
     model = build_model("tiny")
     server = Trainable(model, build_loss("auc_margin", 1, [0.5]))
     state = backend.init_server(server, {site.name: len(site.train)})
-    node = Node(
-        site, backend, model.config(), "auc_margin", state_dir,
-        compute=Compute.of("auto", precision),
-    )  # fmt: skip
+    training = LocalTraining(model.config(), "auc_margin")
+    node = Node(site, backend, training, state_dir, compute=Compute.of("auto", precision))
     return node, state
 
 
@@ -186,9 +184,9 @@ def test_fp16_with_dp_sgd_is_refused_by_name(tmp_path):
     model = build_model("tiny", norm="group")
     with pytest.raises(ValueError, match="'hospital_a': precision fp16 with dp = 'example'"):
         Node(
-            tiny_site(), build_backend("codasca", local_steps=1), model.config(), "auc_margin",
-            tmp_path, batch_size=4, example_dp=ExampleDP(clip=1.0, noise_multiplier=1.0),
-            compute=Compute.of("cpu", "fp16"),
+            tiny_site(), build_backend("codasca", local_steps=1),
+            LocalTraining(model.config(), "auc_margin", batch_size=4), tmp_path,
+            privacy=ExampleDP(clip=1.0, noise_multiplier=1.0), compute=Compute.of("cpu", "fp16"),
         )  # fmt: skip
 
 
@@ -209,9 +207,9 @@ def test_the_same_round_in_another_precision_is_another_dp_release(tmp_path):
         dp = ExampleDP(clip=1.0, target_epsilon=8.0, rounds=4, local_steps=2)
         model = build_model("tiny", norm="group")
         return Node(
-            tiny_site(), build_backend("local_sgda", local_steps=2), model.config(),
-            "auc_margin", tmp_path, batch_size=8, example_dp=dp,
-            compute=Compute.of("cpu", precision),
+            tiny_site(), build_backend("local_sgda", local_steps=2),
+            LocalTraining(model.config(), "auc_margin", batch_size=8), tmp_path,
+            privacy=dp, compute=Compute.of("cpu", precision),
         )  # fmt: skip
 
     config = {"pos_ratio": [0.25], "lr": 0.1, "local_steps": 2, "commit": None, "continue": None}

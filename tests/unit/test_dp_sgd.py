@@ -17,7 +17,7 @@ from fed_auc.exchange import Broadcast
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.privacy.accounting import (
     LEDGER_FILE,
     BudgetSpent,
@@ -178,14 +178,11 @@ def test_the_calibrated_noise_spends_the_target_and_no_more() -> None:
 
 
 def dp_node(tmp_path: Path, target: float, planned: int) -> Node:
-    dp = ExampleDP(
-        clip=1.0, delta=1e-5, target_epsilon=target, rounds=planned // 2, local_steps=2
-    )
+    dp = ExampleDP(clip=1.0, delta=1e-5, target_epsilon=target, rounds=planned // 2, local_steps=2)
     model = build_model("tiny", norm="group")
-    return Node(
-        tiny_site(), build_backend("local_sgda", local_steps=2), model.config(), "auc_margin",
-        tmp_path / "node", batch_size=8, example_dp=dp,
-    )  # fmt: skip
+    training = LocalTraining(model.config(), "auc_margin", batch_size=8)
+    backend = build_backend("local_sgda", local_steps=2)
+    return Node(tiny_site(), backend, training, tmp_path / "node", privacy=dp)
 
 
 def test_a_site_whose_budget_is_spent_stops_and_says_so(tmp_path: Path) -> None:

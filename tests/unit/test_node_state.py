@@ -18,7 +18,7 @@ from fed_auc.data.synthetic import make_synthetic_federation
 from fed_auc.io import CorruptState, load_state, save_state
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, Node
+from fed_auc.node.node import LOCAL_STATE_FILE, PENDING_STATE_FILE, LocalTraining, Node
 from fed_auc.trainable import Trainable
 
 
@@ -79,7 +79,7 @@ def make_node(state_dir: Path) -> tuple[Node, dict]:
     torch.manual_seed(0)
     server = Trainable(model, build_loss("auc_margin", 1, [0.5]))
     state = backend.init_server(server, {site.name: len(site.train)})
-    return Node(site, backend, model.config(), "auc_margin", state_dir), state
+    return Node(site, backend, LocalTraining(model.config(), "auc_margin"), state_dir), state
 
 
 def request(node: Node, state: dict, round_: int, commit, follow=None):

@@ -28,7 +28,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, group_of
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
@@ -113,7 +113,8 @@ def site():
 @pytest.mark.parametrize("algorithm", ["codasca", "local_sgda", "fed_norm_sgda"])
 def test_weak_site_keeps_its_frozen_prefix_bit_for_bit(tmp_path, site, algorithm):
     backend = build_backend(algorithm, local_steps=3, lr=0.5)
-    node = Node(site, backend, TINY, "auc_margin", tmp_path, batch_size=8, memory_budget=0.15)
+    training = LocalTraining(TINY, "auc_margin", batch_size=8, memory_budget=0.15)
+    node = Node(site, backend, training, tmp_path)
     weak = node.trainable.trained_groups
     assert weak == ["transition2", "denseblock3", "norm", "classifier"]
     assert node.registration()["trained_groups"] == weak

@@ -13,7 +13,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_state, load_torch
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.node.setup import NodeSetup
 from fed_auc.simulation import build_federation, run_simulation
 from fed_auc.store.run_store import RunStore
@@ -88,10 +88,9 @@ def site():
 def _l2_distance(tmp_path, site, lam: float) -> float:
     """‖β − w‖ after one round of l2 personal steps from a personal model far from w."""
     backend = build_backend("local_sgda", local_steps=4, lr=0.1)
-    node = Node(
-        site, backend, TINY, "auc_margin", tmp_path / str(lam), batch_size=8,
-        personalization=Personalization("l2", lam=lam),
-    )  # fmt: skip
+    personal = Personalization("l2", lam=lam)
+    training = LocalTraining(TINY, "auc_margin", batch_size=8, personalization=personal)
+    node = Node(site, backend, training, tmp_path / str(lam))
     torch.manual_seed(1)
     server = Trainable(build_model("tiny"), build_loss("auc_margin", 1, [0.3]))
     state = backend.init_server(server, {site.name: len(site.train)})
@@ -117,8 +116,8 @@ def test_personal_model_survives_a_node_restart(tmp_path, site):
     personalization = Personalization("head", lr_ratio=2.0)
 
     def node() -> Node:
-        return Node(site, backend, TINY, "auc_margin", tmp_path, batch_size=8,
-                    personalization=personalization)  # fmt: skip
+        training = LocalTraining(TINY, "auc_margin", batch_size=8, personalization=personalization)
+        return Node(site, backend, training, tmp_path)
 
     first = node()
     assert first.trainable.grad_scale == {n: 2.0 for n in HEAD | {"auc/a", "auc/b", "auc/alpha"}}

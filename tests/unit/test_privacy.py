@@ -18,7 +18,7 @@ from fed_auc.algorithms.base import ReplyBlock
 from fed_auc.exchange import Broadcast, Reply
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.privacy.accounting import LEDGER_FILE, BudgetSpent
 from fed_auc.privacy.update_dp import Privacy, UpdateDP
 from fed_auc.registry.card import privacy_card
@@ -186,10 +186,9 @@ def test_each_site_spends_the_site_level_epsilon_of_the_rounds_it_took_part_in(t
 
 def update_node(tmp_path: Path, dp: UpdateDP) -> Node:
     model = build_model("tiny", norm="group")
-    return Node(
-        tiny_site(), build_backend("local_sgda", local_steps=2), model.config(), "auc_margin",
-        tmp_path / "node", batch_size=8, privacy=dp,
-    )  # fmt: skip
+    training = LocalTraining(model.config(), "auc_margin", batch_size=8)
+    backend = build_backend("local_sgda", local_steps=2)
+    return Node(tiny_site(), backend, training, tmp_path / "node", privacy=dp)
 
 
 def request(round_: int, tensors: dict) -> Broadcast:

@@ -20,7 +20,7 @@ from fed_auc.exchange import Broadcast
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.privacy.accounting import LEDGER_FILE, example_plan, update_plan
 from fed_auc.privacy.dp_sgd import ExampleDP
 from fed_auc.privacy.update_dp import UpdateDP
@@ -31,6 +31,7 @@ from fed_auc.transport.local import LocalTransport
 from tests.support.dp import tiny_site
 
 ROUNDS = 2
+TINY_GROUP = build_model("tiny", norm="group").config()
 SMALL = {
     "sites": 2, "rounds": ROUNDS, "local_steps": 2, "batch_size": 8, "data_scale": 0.1,
     "image_size": 16, "select": "last", "eval_every": ROUNDS,
@@ -107,11 +108,9 @@ def test_a_personal_model_and_a_sites_own_local_steps_are_planned(tmp_path) -> N
         assert sum(spent.values()) == ROUNDS * 2 * 2
         assert _as_counts(example_plan(_draws("local_sgda", 2, "l2"), q, ROUNDS), sigma) == spent
     dp = ExampleDP(clip=1.0, noise_multiplier=1.0, rounds=3, local_steps=2)
-    node = Node(
-        tiny_site(), build_backend("local_sgda", local_steps=2),
-        build_model("tiny", norm="group").config(), "auc_margin", tmp_path / "own",
-        batch_size=8, example_dp=dp, local_steps=7,
-    )  # fmt: skip
+    training = LocalTraining(TINY_GROUP, "auc_margin", batch_size=8, local_steps=7)
+    backend = build_backend("local_sgda", local_steps=2)
+    node = Node(tiny_site(), backend, training, tmp_path / "own", privacy=dp)
     assert sum(m.count for m in node.private_training.plan) == 3 * 7  # its own τ_i
 
 
@@ -156,8 +155,7 @@ def test_a_budget_that_cannot_last_is_refused_before_round_1_with_the_epsilon_ne
     with pytest.raises(ValueError, match="cannot last the run"):
         Node(
             tiny_site(), build_backend("local_sgda", local_steps=2),
-            build_model("tiny", norm="group").config(), "auc_margin", tmp_path / "update",
-            batch_size=8,
+            LocalTraining(TINY_GROUP, "auc_margin", batch_size=8), tmp_path / "update",
             privacy=UpdateDP(clip=1.0, noise_multiplier=0.3, target_epsilon=1.0, rounds=20),
         )  # fmt: skip
 
@@ -173,16 +171,14 @@ def test_the_same_round_asked_again_with_another_config_is_charged(tmp_path, mod
     """Asked again unchanged: the same bytes, no charge. Asked again with 20 local steps
     instead of 1, or another prevalence: a new computation, fresh noise, and ε grows."""
     if mode == "example":
-        dp = {"example_dp": ExampleDP(clip=1.0, noise_multiplier=1.0, rounds=5, local_steps=20)}
+        dp = ExampleDP(clip=1.0, noise_multiplier=1.0, rounds=5, local_steps=20)
     else:
-        dp = {"privacy": UpdateDP(clip=1.0, noise_multiplier=1.0, rounds=5)}
+        dp = UpdateDP(clip=1.0, noise_multiplier=1.0, rounds=5)
 
     def node() -> Node:  # a restarted node each time: only its state directory carries over
-        return Node(
-            tiny_site(), build_backend("local_sgda", local_steps=1),
-            build_model("tiny", norm="group").config(), "auc_margin", tmp_path / "node",
-            batch_size=8, **dp,
-        )  # fmt: skip
+        training = LocalTraining(TINY_GROUP, "auc_margin", batch_size=8)
+        backend = build_backend("local_sgda", local_steps=1)
+        return Node(tiny_site(), backend, training, tmp_path / "node", privacy=dp)
 
     tensors = node().trainable.tensors()
     first = node().train(_request(0, tensors, 1))
@@ -202,11 +198,9 @@ def test_a_run_whose_first_round_spends_every_budget_fails_instead_of_completing
     settings): round 1 would pass its target, nothing trains, and the run is not completed
     with a round-0 model but fails, saying why."""
     dp = ExampleDP(clip=1.0, target_epsilon=1.0, rounds=1, local_steps=1)
-    node = Node(
-        tiny_site(), build_backend("local_sgda", local_steps=1),
-        build_model("tiny", norm="group").config(), "auc_margin", tmp_path / "node",
-        batch_size=8, example_dp=dp,
-    )  # fmt: skip
+    training = LocalTraining(TINY_GROUP, "auc_margin", batch_size=8)
+    backend = build_backend("local_sgda", local_steps=1)
+    node = Node(tiny_site(), backend, training, tmp_path / "node", privacy=dp)
     server = Trainable(build_model("tiny", norm="group"), build_loss("auc_margin", 1, [0.5]))
     store = RunStore(tmp_path / "runs")
     run_id = store.create_run("local_sgda", {})

@@ -19,7 +19,7 @@ from fed_auc.data.base import SiteData, Split
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.privacy.accounting import LEDGER_FILE
 from fed_auc.privacy.dp_sgd import ExampleDP
 from fed_auc.privacy.secure.encoding import FRACTION_BITS
@@ -128,11 +128,9 @@ def site_data(name: str, rows: int = 40) -> SiteData:
 def dp_node(tmp_path: Path, name: str, planned: int) -> Node:
     """ε = 2 spent over ``planned`` steps, 2 per round."""
     dp = ExampleDP(clip=1.0, delta=1e-5, target_epsilon=2.0, rounds=planned // 2, local_steps=2)
-    return Node(
-        site_data(name), build_backend("local_sgda", local_steps=2),
-        build_model("tiny", norm="group").config(), "auc_margin", tmp_path / name,
-        batch_size=8, example_dp=dp,
-    )  # fmt: skip
+    training = LocalTraining(build_model("tiny", norm="group").config(), "auc_margin", batch_size=8)
+    backend = build_backend("local_sgda", local_steps=2)
+    return Node(site_data(name), backend, training, tmp_path / name, privacy=dp)
 
 
 def test_too_few_sites_with_budget_left_for_a_secure_sum_end_training(tmp_path):

@@ -18,7 +18,7 @@ from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate.local import evaluate_model
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model
-from fed_auc.node.node import Node
+from fed_auc.node.node import LocalTraining, Node
 from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
 from fed_auc.tta import predict
@@ -65,7 +65,7 @@ def test_node_scores_validation_and_test_with_its_tta(tmp_path) -> None:
     site = SiteData("s", split, split, split, ["label"])
     config = {"arch": "tiny", "num_labels": 1, "in_channels": 1}
     backend = build_backend("fedavg", local_steps=1)
-    node = Node(site, backend, config, "ce", tmp_path, batch_size=8, tta="flip")
+    node = Node(site, backend, LocalTraining(config, "ce", batch_size=8, tta="flip"), tmp_path)
     tensors = node.trainable.tensors()
     answer = node.evaluate(tensors, splits=("val", "test"), pooled=True)
     expected = predict(node.trainable.model, split.images, "flip")
@@ -74,10 +74,11 @@ def test_node_scores_validation_and_test_with_its_tta(tmp_path) -> None:
     labels = split.labels.numpy().ravel()
     assert answer.splits["val"].aucs[0].auc == pytest.approx(roc_auc_score(labels, expected))
     with pytest.raises(ValueError, match="tta must be one of"):
-        Node(site, backend, config, "ce", tmp_path / "x", tta="mirror")
+        Node(site, backend, LocalTraining(config, "ce", tta="mirror"), tmp_path / "x")
     # a node told only its augmentation (a Flower node) scores as `fed-auc simulate` does
-    assert Node(site, backend, config, "ce", tmp_path / "f", augment="flip").tta == "flip"
-    assert Node(site, backend, config, "ce", tmp_path / "n").tta == "none"
+    flip = LocalTraining(config, "ce", augment="flip")
+    assert Node(site, backend, flip, tmp_path / "f").tta == "flip"
+    assert Node(site, backend, LocalTraining(config, "ce"), tmp_path / "n").tta == "none"
 
 
 @pytest.fixture(scope="module")
