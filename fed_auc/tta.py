@@ -20,6 +20,11 @@ from fed_auc.data.memmap import Images, chunks
 from fed_auc.trainable import full_precision
 
 TTA_MODES = ("none", "flip")
+# A scoring chunk holds at most this many pixels: 32 images at 224 px, where DenseNet121's
+# activations take ~8 MB an image on a CPU (256 at a time peaked near 2.7 GB); small images
+# still go 256 at a time (BENCHMARKS.md, "Hospital scale: streamed image cache").
+SCORING_PIXELS = 32 * 224 * 224
+MAX_SCORING_BATCH = 256
 
 
 def check_tta(mode: str) -> str:
@@ -35,6 +40,14 @@ def default_tta(augment: str) -> str:
     return "flip" if augment in ("flip", "crop_flip") else "none"
 
 
+def scoring_batch(images: Images) -> int:
+    """How many images are scored at once: as many as ``SCORING_PIXELS`` allows, 1 to
+    ``MAX_SCORING_BATCH``. Scores do not depend on it beyond float rounding: in eval mode no
+    statistic crosses images."""
+    pixels = int(images.shape[-1]) * int(images.shape[-2])
+    return max(1, min(MAX_SCORING_BATCH, SCORING_PIXELS // max(pixels, 1)))
+
+
 def views(images: torch.Tensor, mode: str) -> list[torch.Tensor]:
     """The versions of a (B, C, H, W) batch that are scored and averaged."""
     check_tta(mode)
@@ -46,17 +59,18 @@ def predict(
     model: nn.Module,
     images: Images,
     mode: str = "none",
-    batch: int = 256,
+    batch: int | None = None,
     pin_memory: bool = False,
 ) -> np.ndarray:
     """sigmoid(logit) per image and label, averaged over the TTA views; the model in eval mode.
     Cached images stream from disk (``fed_auc.data.memmap.chunks``; ``pin_memory`` for a GPU);
     each chunk goes to the model's device and the scores come back fp32 on the CPU (the caller
-    chooses the precision with ``torch.autocast``)."""
+    chooses the precision with ``torch.autocast``). ``batch``: images per chunk (None: sized by
+    ``scoring_batch``)."""
     model.eval()
     device = next(model.parameters()).device
     out = []
-    for chunk in chunks(images, batch, pin_memory):
+    for chunk in chunks(images, batch or scoring_batch(images), pin_memory):
         chunk = chunk.to(device, non_blocking=True)
         probs = [torch.sigmoid(full_precision(model(view))) for view in views(chunk, mode)]
         out.append(torch.stack(probs).mean(0).cpu())

@@ -10,7 +10,8 @@ Each site has a split column: 200 validation and 200 test rows, the rest trainin
 Table 1 (``rss``): peak resident memory of each command, measured as its own process
 (``os.wait4``): ``fed-auc node --site S --check --image-size 224`` (builds the cache the
 first time), then ``fed-auc --threads 1 simulate --site S`` for two training rounds (tiny
-model, 224 px, the cache already built); at 1k also the in-memory path the cache replaced.
+model unless ``--model``, 224 px, the cache already built); at 1k also the in-memory path the
+cache replaced, and the node that scored 256 images at a time whatever their size.
 
 Table 2 (``throughput``): images/s at 224 px, one thread, of a node's local training
 (``Node.train``, codasca) through the cache and of a plain PyTorch loop (the same model, loss
@@ -55,6 +56,10 @@ IMAGE_SIZE = 224
 IN_MEMORY = (  # the node as it was: no cache, every image a float32 tensor in memory
     "import sys; import fed_auc.site as s; "
     "s.SiteDefinition.cache_dir = property(lambda self: None); "
+    "from fed_auc.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+WHOLE_CHUNKS = (  # the node as it was: scoring 256 images at a time whatever their size
+    "import sys; import fed_auc.tta as t; t.SCORING_PIXELS = 256 * 224 * 224; "
     "from fed_auc.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -111,8 +116,9 @@ def peak(command: list[str]) -> dict:
     return {"rss_mib": usage.ru_maxrss / 1024, "seconds": time.perf_counter() - start}
 
 
-def rss_rows(data: Path, sizes: list[int]) -> list[dict]:
-    """Table 1: --check and two training rounds per N (and the in-memory node at 1k)."""
+def rss_rows(data: Path, sizes: list[int], model: str = "tiny") -> list[dict]:
+    """Table 1: --check and two training rounds of ``model`` per N; at 1k also the in-memory
+    node the cache replaced and the node that scored 256 images at a time at any size."""
     rows = []
     for n in sizes:
         site = generate(data, n)
@@ -120,7 +126,7 @@ def rss_rows(data: Path, sizes: list[int]) -> list[dict]:
         with tempfile.TemporaryDirectory() as runs:
             train = [
                 "--threads", "1", "simulate", "--site", str(site), "--rounds", "2",
-                "--local-steps", "2", "--batch-size", "16", "--model", "tiny",
+                "--local-steps", "2", "--batch-size", "16", "--model", model,
                 "--image-size", str(IMAGE_SIZE), "--runs-dir", runs, "--json",
             ]  # fmt: skip
             cli = [sys.executable, "-m", "fed_auc.cli"]
@@ -130,8 +136,13 @@ def rss_rows(data: Path, sizes: list[int]) -> list[dict]:
                 old = [sys.executable, "-c", IN_MEMORY]
                 rows.append({"n": n, "path": "in memory (before)", "check": peak(old + check),
                              "train": peak(old + train)})  # fmt: skip
+                whole = [sys.executable, "-c", WHOLE_CHUNKS]
+                rows.append({"n": n, "path": "cache, 256-image scoring chunks (before)",
+                             "check": peak(whole + check),
+                             "train": peak(whole + train)})  # fmt: skip
         manifest = json.loads((site.parent / "state" / CACHE_FOLDER / MANIFEST).read_text())
-        rows[-1 if n > 1000 else -2]["cache_mib"] = (
+        cached = next(r for r in reversed(rows) if r["n"] == n and r["path"] == "cache")
+        cached["cache_mib"] = (
             site.parent / "state" / CACHE_FOLDER / manifest["file"]
         ).stat().st_size / 2**20
     return rows
@@ -251,6 +262,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="outside the repository")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (throughput)")
+    parser.add_argument("--model", default="tiny", help="the network trained (rss)")
     parser.add_argument("--markdown", type=Path, help="write the result table here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -260,7 +272,9 @@ def main() -> None:
             print(generate(args.data, n))
         return
     if args.what == "rss":
-        text = rss_markdown(rss_rows(args.data, args.sizes), time.perf_counter() - start)
+        text = rss_markdown(
+            rss_rows(args.data, args.sizes, args.model), time.perf_counter() - start
+        )
     else:
         results = [
             throughput(args.data, "small", 32, 4, args.rounds),

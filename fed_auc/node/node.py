@@ -51,7 +51,6 @@ from fed_auc.tta import check_tta, default_tta, predict
 
 LOCAL_STATE_FILE = "local_state.pt"
 PENDING_STATE_FILE = "local_state.pending.pt"
-EVAL_BATCH = 256
 AUGMENT_SEED_OFFSET = 7_919  # the augmentation draws from its own stream, not the sampler's
 
 
@@ -397,4 +396,4 @@ class Node:
         the node's device and precision)."""
         with self.compute.autocast():
             model, pins = self.trainable.model, self.compute.pins_memory
-            return predict(model, images, self.tta, EVAL_BATCH, pin_memory=pins)
+            return predict(model, images, self.tta, pin_memory=pins)

@@ -21,7 +21,7 @@ from fed_auc.models import build_model
 from fed_auc.node.node import LocalTraining, Node
 from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
-from fed_auc.tta import predict
+from fed_auc.tta import predict, scoring_batch
 from tests.support.batches import make_split, ramp_images
 from tests.support.data_files import write_npz
 
@@ -40,6 +40,24 @@ def test_flip_is_the_mean_of_image_and_mirror_and_none_is_the_image() -> None:
     symmetric = images + images.flip(-1)
     assert predict(model, symmetric, "flip") == pytest.approx(predict(model, symmetric), abs=1e-6)
     assert predict(model, images[:0], "flip").shape == (0, 1)
+
+
+def test_large_images_are_scored_in_smaller_chunks_with_the_same_scores() -> None:
+    """A scoring chunk is bounded in pixels (DenseNet121 at 224 px took ~8 MB of activations
+    per image, so 256 at a time peaked near 2.7 GB): small images still go 256 at a time."""
+    sizes = {side: scoring_batch(torch.zeros(1, 1, side, side)) for side in (28, 64, 224, 512)}
+    assert sizes == {28: 256, 64: 256, 224: 32, 512: 6}
+    torch.manual_seed(0)
+    model = build_model("tiny").eval()
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    images = torch.rand(70, 1, 224, 224)
+    chunked = predict(model, images, "flip")
+    assert max(seen) == 32 and sum(seen) == 2 * 70  # both views of every image, 32 at a time
+    seen.clear()
+    whole = predict(model, images, "flip", batch=70)
+    assert seen == [70, 70]
+    assert chunked == pytest.approx(whole, abs=1e-6)
 
 
 def test_unknown_mode_is_named_everywhere() -> None:
