@@ -33,6 +33,8 @@ def module_name(script: str) -> str:
     """``benchmarks.systems.overhead`` for ``.../benchmarks/systems/overhead.py``: benchmarks
     run as modules from the repository root."""
     parts = Path(script).with_suffix("").parts
+    if parts and parts[-1] == "__main__":  # ``python -m benchmarks.reliability``: a package
+        parts = parts[:-1]
     if "benchmarks" in parts:
         last = len(parts) - 1 - parts[::-1].index("benchmarks")
         return ".".join(parts[last:])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.common.weight_files import densenet_file
-from benchmarks.reliability import rounds_in
+from benchmarks.reliability.faults import rounds_in
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.registry.load import load_registered_model
 from fed_auc.registry.register import register_model

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmarks.reliability import rounds_in  # the last round a runs folder recorded
+from benchmarks.reliability.faults import rounds_in  # the last round a runs folder recorded
 from fed_auc.coordinator.checkpoint import load_checkpoint
 from fed_auc.coordinator.errors import FederationError
 from fed_auc.experiment.config import ExperimentConfig
