@@ -1,4 +1,5 @@
-"""Shared test setup: one torch thread (tiny tensors; threads only add latency on 2 cores)."""
+"""Shared test setup: one torch thread (tiny tensors; threads only add latency on 2 cores);
+the dashboard under AppTest served as ``fed-auc dashboard`` serves it, on loopback."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ def _one_thread():
         patch.setenv("OMP_NUM_THREADS", "1")
         yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _dashboard_on_loopback():
+    """AppTest has no server: its ``server.address`` is Streamlit's default (every
+    interface), where the app shows nothing of the store without sign-in. Tests of that
+    refusal set the option themselves (``tests.support.apptest.streamlit_option``)."""
+    from tests.support.apptest import streamlit_option
+
+    with streamlit_option("server.address", "127.0.0.1"):
+        yield
 
 
 @pytest.fixture

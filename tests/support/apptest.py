@@ -22,7 +22,8 @@ PAGES = (
 
 @contextmanager
 def streamlit_option(name: str, value: Any) -> Iterator[None]:
-    """A Streamlit server option (as ``--server.address`` gives it) for the apps run inside."""
+    """A Streamlit server option (as ``--server.address`` gives it) for the apps run inside
+    (tests/conftest.py serves every app on loopback)."""
     before = config.get_option(name)
     config.set_option(name, value)
     try:
