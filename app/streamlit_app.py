@@ -1,4 +1,5 @@
-"""Entry point of the dashboard: ``streamlit run app/streamlit_app.py`` (or ``fed-auc dashboard``).
+"""Entry point of the dashboard: ``fed-auc dashboard`` (or ``streamlit run app/streamlit_app.py
+--server.address 127.0.0.1``: without sign-in the app shows the store on loopback only).
 
 The runs directory comes from the environment variable FED_AUC_RUNS_DIR (default ``runs``).
 The run picker lives in the sidebar, so every page shows the same run. With sign-in on
