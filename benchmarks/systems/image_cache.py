@@ -216,14 +216,21 @@ def _spread(values: list[float], digits: int = 1) -> str:
     return f"{mid:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
 
 
-def rss_markdown(rows: list[dict], elapsed: float) -> str:
-    lines = [
+def _table_head(elapsed: float, columns: list[str]) -> list[str]:
+    """The provenance line (command, wall time, machine) and a Markdown table's header."""
+    return [
         f"`{command_line()}` ({elapsed:.0f} s; {describe()})",
         "",
-        "| N images | path | --check peak RSS (MiB) | --check time (s) | 2 rounds peak RSS (MiB) "
-        "| 2 rounds time (s) | cache on disk (MiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
+
+
+def rss_markdown(rows: list[dict], elapsed: float) -> str:
+    lines = _table_head(elapsed, [
+        "N images", "path", "--check peak RSS (MiB)", "--check time (s)",
+        "2 rounds peak RSS (MiB)", "2 rounds time (s)", "cache on disk (MiB)",
+    ])  # fmt: skip
     for r in rows:
         cache = f"{r['cache_mib']:.0f}" if "cache_mib" in r else "–"
         lines.append(
@@ -241,13 +248,10 @@ def rss_markdown(rows: list[dict], elapsed: float) -> str:
 
 
 def throughput_markdown(results: list[dict], elapsed: float) -> str:
-    lines = [
-        f"`{command_line()}` ({elapsed:.0f} s; {describe()})",
-        "",
-        "| model | batch | steps/round | node img/s (cache) | plain DataLoader img/s "
-        "| node / plain | load (1 min) at end |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = _table_head(elapsed, [
+        "model", "batch", "steps/round", "node img/s (cache)", "plain DataLoader img/s",
+        "node / plain", "load (1 min) at end",
+    ])  # fmt: skip
     for r in results:
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['steps']} | {_spread(r['node'], 2)} | "
