@@ -8,6 +8,7 @@ fields, runs its own τ_i, refuses a stale request and prints the same console l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,7 +77,9 @@ class NodeHost:
             raise ValueError(f"stale request for round {broadcast.round + 1}: already past it")
         self._latest = position
         if self.hosting.local_steps is not None and "local_steps" in broadcast.config:
-            broadcast.config["local_steps"] = self.hosting.local_steps
+            # a copy: the caller's request (in-process, the coordinator's own) stays as sent
+            config = {**broadcast.config, "local_steps": self.hosting.local_steps}
+            broadcast = dataclasses.replace(broadcast, config=config)
         start = time.perf_counter()
         reply = node.train(broadcast)
         loss = reply.metrics.get("train_loss")

@@ -47,3 +47,20 @@ def test_a_stale_train_request_is_refused_in_process_too(tmp_path):
     failure = transport.train({"mercy_rural": broadcast})["mercy_rural"]
     federation.store.close()
     assert failure.status == "error" and "stale request" in failure.message
+
+
+def test_the_sites_own_local_steps_win_and_the_callers_request_stays_as_sent(tmp_path):
+    """A site file's τ_i = 3 against a request for another count: the node runs 3 steps, and
+    the request object the caller holds (in-process, the coordinator's own) is not altered."""
+    path = _site_toml(tmp_path / "files", "mercy_rural", 2, local_steps=3)
+    config = ExperimentConfig(**{**SMALL, "sites": 1}, site_files=[str(path)],
+                              runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    federation = build_federation(config)
+    host = federation.coordinator.transport.hosts["mercy_rural"]
+    _, broadcast = _setup()
+    asked = {**broadcast.config, "local_steps": 1}
+    request = dataclasses.replace(broadcast, config=dict(asked))
+    reply = host.train(request)
+    federation.store.close()
+    assert reply.steps == 3
+    assert request.config == asked
