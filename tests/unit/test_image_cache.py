@@ -20,7 +20,7 @@ import torch
 
 import fed_auc.data.csv_images as csv_images
 from fed_auc.data.cache import CACHE_FOLDER, MANIFEST
-from fed_auc.data.cards import intensity
+from fed_auc.data.cards import intensity, site_summary
 from fed_auc.data.memmap import CachedImages, gather
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
@@ -345,3 +345,14 @@ def test_cache_files_are_readable_by_the_node_user_only(tmp_path):
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     for path in (folder / MANIFEST, _images_file(tmp_path)):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_the_summary_sent_at_registration_names_a_cache_truncated_under_the_node(tmp_path):
+    """Issue 37: a node whose cache was truncated while it ran failed its registration with
+    numpy's "mmap length is greater than file size", naming no cache and no remedy."""
+    _csv(tmp_path / "data", 30)
+    data = SiteDefinition.from_toml(_site(tmp_path)).load(SIZE)
+    images = _images_file(tmp_path)
+    os.truncate(images, 200)
+    with pytest.raises(ValueError, match=rf"{images} was replaced.*truncated.*delete"):
+        site_summary(data)
