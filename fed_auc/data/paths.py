@@ -12,6 +12,7 @@ outside is refused by name: the CSV, its line, the path as written and where it 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +29,9 @@ def contained_paths(
         return paths
     real_root = os.path.realpath(root)
     inside = real_root.rstrip(os.sep) + os.sep
+    folders: dict[str, str] = {}  # each folder resolved once: 100,000 rows share few
     for path, name, line in zip(paths, names, lines, strict=True):
-        real = os.path.realpath(path)
+        real = _resolved(path, folders)
         if real != real_root and not real.startswith(inside):  # the root: not a file, later
             raise ValueError(
                 f"{csv_path} line {line}: image path {name!r} leads to {real} (after '..' and "
@@ -38,3 +40,18 @@ def contained_paths(
                 f"{ALLOW_SETTING} in the site file"
             )
     return paths
+
+
+def _resolved(path: Path, folders: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, its folder's part looked up in ``folders`` (filled here):
+    only a file that is itself a symlink is resolved again."""
+    folder, name = os.path.split(os.fspath(path))  # not normalized: '..' after a symlink
+    if name in ("", ".", ".."):  # goes up from where the symlink leads, not lexically
+        return os.path.realpath(path)
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder)
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        link = False  # missing or unreadable: the image reader names it
+    return os.path.realpath(path) if link else os.path.join(folders[folder], name)

@@ -31,11 +31,15 @@ def _layout(tmp_path: Path, escape: str) -> tuple[Path, str]:
         "absolute": str(secret),
         "symlinked file": "img/link.png",
         "symlinked folder": "linked/other_patient.png",
+        "'..' after a symlink": "deep/../other_patient.png",  # lexically data/other_patient.png
     }[escape]
     if escape == "symlinked file":
         os.symlink(secret, data / "img" / "link.png")
     elif escape == "symlinked folder":
         os.symlink(secret.parent, data / "linked")
+    elif escape == "'..' after a symlink":
+        (secret.parent / "sub").mkdir()
+        os.symlink(secret.parent / "sub", data / "deep")
     rows = [f"img/{i}.png,{i % 2},p{i}" for i in range(12)]
     rows[1] = f"{named},1,p1"  # CSV line 3
     csv = data / "labels.csv"
@@ -43,7 +47,7 @@ def _layout(tmp_path: Path, escape: str) -> tuple[Path, str]:
     return csv, named
 
 
-ESCAPES = ["dot-dot", "absolute", "symlinked file", "symlinked folder"]
+ESCAPES = ["dot-dot", "absolute", "symlinked file", "symlinked folder", "'..' after a symlink"]
 
 
 @pytest.mark.parametrize("escape", ESCAPES)
