@@ -23,7 +23,8 @@ A manifest of another site or another source file is refused: one state director
 
 Verified. The writer hashes every byte it writes (SHA-256, no second pass) and the manifest
 records the digest; ``open`` reads the whole file again and compares before any round uses
-it (about 3 s per 5 GB, the 100,000 images of 224 px; BENCHMARKS.md). A file whose bytes
+it (100,000 images: under 1 s at 28 px, about 30 s at 224 px, 5 GB, from disk on a busy
+2-core machine; ``benchmarks/systems/image_cache.py verify``). A file whose bytes
 changed since its build is rebuilt from the source images, with a warning naming it; a file
 changed while a node runs is refused at its next read (``fed_auc.data.memmap``). The folder
 is the node user's only (0700, files 0600): the images are patients' images.
