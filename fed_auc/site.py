@@ -19,6 +19,8 @@ positive_label = 0              # optional: the file's label value that is posit
 aspect = "pad"                  # non-square images: pad (default), crop or stretch
 positive_class = "malignant"    # optional: its name in cards, evaluations and the dashboard
                                 # (default: the label column's name, or "label == 0")
+images_outside_root = false     # CSV image paths (after .. and symlinks) must stay under the
+                                # image root (default); true: they may lead anywhere
 
 [node]
 state_dir = "nodes/north"       # local state per run; relative to this file
@@ -59,7 +61,7 @@ from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class",
+    "aspect", "positive_class", "images_outside_root",
 )  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta", "device",
@@ -299,7 +301,7 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: [data] {exc}") from None
     if spec.kind == "synthetic":
         raise ValueError(f"{path}: [data] spec = 'synthetic': use a [synthetic] table instead")
-    for key in ("frontal_only", "skip_bad_images"):
+    for key in ("frontal_only", "skip_bad_images", "images_outside_root"):
         if not isinstance(table.get(key, False), bool):
             raise ValueError(f"{path}: [data] {key} = {table[key]!r}: must be true or false")
     if table.get("uncertain", "zeros") not in UNCERTAIN_POLICIES:

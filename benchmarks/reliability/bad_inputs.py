@@ -126,6 +126,26 @@ def bad_data_files(workdir: Path, expect: Callable) -> None:
             needle,
         )
 
+    outside = workdir / "outside.png"  # a file of the machine, beside the data folder
+    Image.fromarray(np.full((8, 8), 90, dtype=np.uint8)).save(outside)
+    (data / "link.png").symlink_to(outside)
+    escapes = {
+        "dot-dot": "../outside.png",
+        "absolute": str(outside),
+        "symlink": "link.png",
+    }
+    for name, rel in escapes.items():
+        path = data / f"escape_{name.replace('-', '_')}.csv"
+        path.write_text(f"path,label\nok0.png,1\n{rel},0\n")
+        expect(
+            "image path outside the data root",
+            lambda p=path: load_csv_images(p, image_size=8),
+            (ValueError,),
+            path.name,
+            "line 3",
+            repr(rel),
+        )
+
     good = {
         f"{split}_{part}": (
             np.zeros((4, 8, 8), np.uint8) if part == "images" else np.array([[0], [1], [0], [1]])

@@ -20,6 +20,11 @@ and optimizer) over a ``DataLoader`` of the same memmap, rounds interleaved.
     python -m benchmarks.systems.image_cache generate --data /work/bench-data --sizes 1000 10000
     python -m benchmarks.systems.image_cache rss --data /work/bench-data --sizes 1000 10000
     python -m benchmarks.systems.image_cache throughput --data /work/bench-data
+    python -m benchmarks.systems.image_cache verify --data /work/bench-data --sizes 100000
+
+Table 3 (``verify``): what checking the cache costs at N images (the first ``--sizes``):
+SHA-256 verification at 28, 128 and 224 px against BLAKE2b, batch reads through the
+identity check, path containment (``benchmarks.systems.cache_verify``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from benchmarks.common.fragment import command_line, emit
 from benchmarks.common.machine import describe
 from benchmarks.common.paths import ROOT
+from benchmarks.systems import cache_verify
 from benchmarks.systems.overhead import PlainLoop
 from fed_auc.algorithms import build_backend
 from fed_auc.data.cache import CACHE_FOLDER, MANIFEST
@@ -262,11 +268,13 @@ def throughput_markdown(results: list[dict], elapsed: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("generate", "rss", "throughput"))
+    parser.add_argument("what", choices=("generate", "rss", "throughput", "verify"))
     parser.add_argument("--data", type=Path, required=True, help="outside the repository")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (throughput)")
     parser.add_argument("--model", default="tiny", help="the network trained (rss)")
+    parser.add_argument("--pixels", type=int, nargs="+", default=[28, 128, 224],
+                        help="image sizes (verify)")  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="write the result table here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -279,6 +287,10 @@ def main() -> None:
         text = rss_markdown(
             rss_rows(args.data, args.sizes, args.model), time.perf_counter() - start
         )
+    elif args.what == "verify":
+        result = cache_verify.measure(args.data, args.sizes[0], args.pixels, 512, 200)
+        head = _table_head(time.perf_counter() - start, cache_verify.COLUMNS)
+        text = cache_verify.markdown(result, head)
     else:
         results = [
             throughput(args.data, "small", 32, 4, args.rounds),

@@ -32,6 +32,7 @@ from fed_auc.data.images import (
 )
 from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
 from fed_auc.data.memmap import CachedImages
+from fed_auc.data.paths import contained_paths
 from fed_auc.data.pool import SPLITS, ImagePool
 
 CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
@@ -58,6 +59,7 @@ def load_csv_images(
     positive_label: int | None = None,
     aspect: str = DEFAULT_ASPECT,
     cache: ImageCache | None = None,
+    images_outside_root: bool = False,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
     folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
@@ -65,7 +67,9 @@ def load_csv_images(
     `positive_label` 0: the label column's 0 is the positive class (after the uncertain
     policy), for files that code the finding of interest as 0. `aspect`: how non-square
     images become square (pad, crop or stretch; `fed_auc.data.images`). `cache`: decode
-    into (or read from) this on-disk cache (`fed_auc.data.cache`) instead of memory."""
+    into (or read from) this on-disk cache (`fed_auc.data.cache`) instead of memory. An image
+    path that leads outside the root is refused unless `images_outside_root`
+    (`fed_auc.data.paths`)."""
     csv_path = Path(csv_path)
     validate_aspect(aspect)
     positive_label = validate_positive_label(positive_label)
@@ -108,7 +112,9 @@ def load_csv_images(
     labels = np.stack([_label_column(csv_path, table, c, uncertain) for c in label_columns], 1)
     labels = select_positive(labels, positive_label, str(csv_path), allowed={0, 1})
     root = Path(root) if root is not None else csv_path.parent
-    paths = [root / rel for rel in table[image_column]]
+    paths = contained_paths(
+        csv_path, root, table[image_column].tolist(), table["_line"].tolist(), images_outside_root
+    )
     lines = list(zip(table["_line"].tolist(), table[image_column].tolist(), strict=True))
     found, writer = None, None
     if cache is not None:

@@ -7,14 +7,18 @@ row selection work on it unchanged and nothing is read. ``gather`` reads a view'
 processes (pinned memory when the batches go to a GPU): ``chunks`` streams a split in order
 for scoring, and a sampler reads its next batches ahead (``fed_auc.data.stream``).
 
-Each read maps the cache file for that read only: the pages it touched leave the process
-when the mapping closes, so a node's resident memory does not grow with the images it has
-read (a mapping kept open would keep every page read so far counted as resident).
+Each read opens the cache file, checks it is still the file that was verified when the cache
+was opened (its inode, size, modification and change times), and reads the rows with
+``os.preadv`` straight into the batch's array, one call per run of consecutive rows. A file
+replaced, rewritten or truncated under a running node is refused by name with its remedy
+(before, a truncated file failed as "mmap length is greater than file size"). Nothing stays
+mapped, so a node's resident memory does not grow with the images it has read.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +28,30 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 LOADER_WORKERS = 2  # worker processes that read the next batches while the model computes
+Identity = tuple[int, int, int, int]
+
+
+def identity(found: os.stat_result) -> Identity:
+    """What a rewrite, a replacement or a truncation of a file changes: inode, size,
+    modification and change times (a change time cannot be set back by a user)."""
+    return (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+
+
+class CacheChangedError(ValueError):
+    """The cache file is not the one verified when the node opened its cache."""
 
 
 @dataclass(frozen=True, eq=False)  # views compare by identity, as tensors do
 class CachedImages:
     """Rows ``rows`` (None: all, in order) of a uint8 (N, 1, S, S) array at byte ``offset``
-    of the cache file ``path``; reads give float32 in [0, 1]."""
+    of the cache file ``path``, which had ``verified`` identity when its content was
+    verified; reads give float32 in [0, 1]."""
 
     path: Path
     offset: int
     total: int
     size: int
+    verified: Identity
     rows: np.ndarray | None = None
 
     @property
@@ -58,25 +75,45 @@ class CachedImages:
         if not isinstance(index, slice):
             index = np.asarray(index, dtype=np.int64).reshape(-1)
         base = np.arange(self.total) if self.rows is None else self.rows
-        return CachedImages(self.path, self.offset, self.total, self.size, base[index])
+        return CachedImages(
+            self.path, self.offset, self.total, self.size, self.verified, base[index]
+        )
 
     def read_uint8(self) -> np.ndarray:
-        """The rows as a uint8 (n, 1, S, S) array in memory, through a mapping closed after."""
-        mapped = np.memmap(
-            self.path,
-            dtype=np.uint8,
-            mode="r",
-            offset=self.offset,
-            shape=(self.total, 1, self.size, self.size),
-        )
+        """The rows as a uint8 (n, 1, S, S) array in memory, read from the verified file."""
+        rows = np.arange(self.total) if self.rows is None else self.rows
+        out = np.empty((len(rows), 1, self.size, self.size), dtype=np.uint8)
+        flat = out.reshape(len(rows), -1)
+        starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # runs of consecutive rows
         try:
-            if self.rows is None:
-                return np.array(mapped)
-            if len(self.rows) and np.all(np.diff(self.rows) == 1):  # one contiguous block
-                return np.array(mapped[self.rows[0] : self.rows[-1] + 1])
-            return mapped[self.rows]
+            descriptor = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise self._changed("is gone") from None
+        try:
+            if identity(os.fstat(descriptor)) != self.verified:
+                raise self._changed("was replaced, rewritten or truncated")
+            for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+                position = self.offset + int(rows[start]) * flat.shape[1]
+                self._read_into(descriptor, memoryview(flat[start:end]).cast("B"), position)
         finally:
-            mapped._mmap.close()  # the pages read leave this process's resident memory
+            os.close(descriptor)
+        return out
+
+    def _read_into(self, descriptor: int, buffer: memoryview, position: int) -> None:
+        """Fill ``buffer`` from ``position`` (a read may return less than asked)."""
+        while len(buffer):
+            got = os.preadv(descriptor, [buffer], position)
+            if got == 0:
+                raise self._changed("ends before the rows it holds")
+            buffer, position = buffer[got:], position + got
+
+    def _changed(self, what: str) -> CacheChangedError:
+        return CacheChangedError(
+            f"image cache file {self.path} {what} since this node verified it: something "
+            "other than this node changed its cache while it ran. Stop the node, delete "
+            f"{self.path.parent} and start the node again to rebuild the cache from the "
+            "source images"
+        )
 
     def load(self) -> torch.Tensor:
         """The rows as float32 (n, 1, S, S) in [0, 1]."""

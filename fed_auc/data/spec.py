@@ -58,13 +58,15 @@ def load_pool(
     positive_label: int | None = None,
     aspect: str = "pad",
     cache: ImageCache | None = None,
+    images_outside_root: bool = False,
 ) -> ImagePool:
     """Read a file source (not synthetic) into one pool of images resized to `image_size`;
     `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
     the positive class (fed_auc.data.labels); `aspect`: how non-square image files become
     square (fed_auc.data.images; MedMNIST images are square). `cache`: decode the images
     into (or read them from) this on-disk cache, so the pool's images stay on disk
-    (fed_auc.data.cache); None: in memory."""
+    (fed_auc.data.cache); None: in memory. ``images_outside_root`` (CSV only): accept image
+    paths that lead outside the root (fed_auc.data.paths)."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
@@ -83,6 +85,7 @@ def load_pool(
             positive_label=positive_label,
             aspect=aspect,
             cache=cache,
+            images_outside_root=images_outside_root,
         )
     raise ValueError(f"load_pool reads files; {spec.kind!r} is built by its own module")
 
@@ -148,7 +151,7 @@ def load_sites(
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class",
+    "aspect", "positive_class", "images_outside_root",
 )  # fmt: skip
 
 
@@ -164,7 +167,8 @@ def site_from_config(
     ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
     has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images`` and
     ``positive_label`` as for ``--data``; ``aspect`` (pad, crop or stretch) for non-square
-    images. Without a split column the rows are split 70/10/20
+    images; ``images_outside_root`` (default false) lets CSV image paths lead outside the
+    image root (fed_auc.data.paths). Without a split column the rows are split 70/10/20
     by patient, seeded by ``split_seed`` (default ``seed``). ``cache_dir``: the site's image
     cache (fed_auc.data.cache; a node's state directory holds it); None: images in memory.
     """
@@ -187,6 +191,7 @@ def site_from_config(
         positive_label=table.get("positive_label"),
         aspect=table.get("aspect", "pad"),
         cache=None if cache_dir is None else ImageCache(cache_dir, name),
+        images_outside_root=bool(table.get("images_outside_root", False)),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:

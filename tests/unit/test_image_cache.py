@@ -1,11 +1,15 @@
 """The on-disk image cache (fed_auc.data.cache, fed_auc.data.memmap): the same batches as the
 in-memory pool it replaces, rebuilt whenever what it was decoded from changes or a build was
-torn, another site's cache refused, and splits scored through a DataLoader."""
+torn, another site's cache refused, and splits scored through a DataLoader. Played as a
+local user: a cache file overwritten at rest is rebuilt, one changed under a running node is
+refused by name, and nobody but the node's user can read it."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +20,7 @@ import torch
 
 import fed_auc.data.csv_images as csv_images
 from fed_auc.data.cache import CACHE_FOLDER, MANIFEST
-from fed_auc.data.cards import intensity
+from fed_auc.data.cards import intensity, site_summary
 from fed_auc.data.memmap import CachedImages, gather
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
@@ -262,3 +266,93 @@ def test_check_peak_memory_does_not_grow_with_the_number_of_images(tmp_path):
         assert f"({int(n * 0.7)} training images)" in done.stdout
         peaks[n] = int(done.stdout.split()[-1])
     assert peaks[3000] <= peaks[1000] + MARGIN_KIB, peaks
+
+
+def _images_file(folder: Path) -> Path:
+    (images,) = (folder / "state" / CACHE_FOLDER).glob("images-*.npy")
+    return images
+
+
+def _overwrite(path: Path, keep_times: bool = False) -> None:
+    """The local user's edit: every pixel after the header set to 0, the size unchanged (and
+    with ``keep_times`` the modification time put back)."""
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    header = len(data) - _manifest(path.parents[2])["rows"] * SIZE**2
+    data[header:] = bytes(len(data) - header)
+    with path.open("r+b") as f:
+        f.write(data)
+    if keep_times:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_cache_file_overwritten_at_rest_is_rebuilt_with_a_warning_naming_it(tmp_path, decodes):
+    _csv(tmp_path / "data", 30)
+    site = SiteDefinition.from_toml(_site(tmp_path))
+    first = gather(site.load(SIZE).train.images)
+    images = _images_file(tmp_path)
+    _overwrite(images, keep_times=True)  # the size and mtime an attacker can keep
+    decodes.clear()
+    with pytest.warns(UserWarning, match=rf"{images}.*SHA-256.*rebuilding"):
+        again = gather(site.load(SIZE).train.images)
+    assert len(decodes) == 30  # decoded again from the source images
+    assert torch.equal(again, first)
+    assert gather(site.load(SIZE).train.images).equal(first)  # and verified from now on
+
+
+def test_a_cache_overwritten_whose_source_images_are_gone_is_refused_naming_the_image(tmp_path):
+    _csv(tmp_path / "data", 30)
+    site = SiteDefinition.from_toml(_site(tmp_path))
+    site.load(SIZE)
+    _overwrite(_images_file(tmp_path), keep_times=True)
+    (tmp_path / "data" / "img" / "0003.png").unlink()
+    with pytest.raises(ValueError, match=r"line 5: image .*0003\.png not found"):
+        site.load(SIZE)
+
+
+@pytest.mark.parametrize("change", ["truncated", "rewritten in place", "replaced", "deleted"])
+def test_a_cache_file_changed_under_a_running_node_is_refused_naming_it_and_the_remedy(
+    tmp_path, change
+):
+    _csv(tmp_path / "data", 30)
+    data = SiteDefinition.from_toml(_site(tmp_path)).load(SIZE)
+    batch = data.train.images[[0, 1, 5, 6, 7]]
+    before = gather(batch)
+    images = _images_file(tmp_path)
+    if change == "truncated":
+        os.truncate(images, images.stat().st_size // 2)
+    elif change == "rewritten in place":
+        _overwrite(images, keep_times=True)
+    elif change == "replaced":
+        copy = images.with_suffix(".copy")
+        copy.write_bytes(images.read_bytes())
+        os.replace(copy, images)
+    else:
+        images.unlink()
+    with pytest.raises(ValueError, match=rf"image cache file {images} .*delete .*start the node"):
+        gather(batch)
+    assert before.shape == (5, 1, SIZE, SIZE)
+
+
+def test_cache_files_are_readable_by_the_node_user_only(tmp_path):
+    _csv(tmp_path / "data", 30)
+    old = os.umask(0o022)  # the usual umask: without care, files every local user can read
+    try:
+        SiteDefinition.from_toml(_site(tmp_path)).load(SIZE)
+    finally:
+        os.umask(old)
+    folder = tmp_path / "state" / CACHE_FOLDER
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for path in (folder / MANIFEST, _images_file(tmp_path)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_the_summary_sent_at_registration_names_a_cache_truncated_under_the_node(tmp_path):
+    """Issue 37: a node whose cache was truncated while it ran failed its registration with
+    numpy's "mmap length is greater than file size", naming no cache and no remedy."""
+    _csv(tmp_path / "data", 30)
+    data = SiteDefinition.from_toml(_site(tmp_path)).load(SIZE)
+    images = _images_file(tmp_path)
+    os.truncate(images, 200)
+    with pytest.raises(ValueError, match=rf"{images} was replaced.*truncated.*delete"):
+        site_summary(data)
