@@ -5,7 +5,7 @@ may see; this file does. No Streamlit here, so the rules are tested without a br
 
     max_session_hours = 12           # then sign in again (optional; default 12)
 
-    [[people]]                       # by e-mail (the ID token's ``email`` claim)
+    [[people]]                       # by e-mail (``email``, with ``email_verified = true``)
     email = "ana.lima@north.example"
     role = "clinician"
 
@@ -14,7 +14,9 @@ may see; this file does. No Streamlit here, so the rules are tested without a br
     value = "fed-auc-operators"
     role = "operator"
 
-    [[restricted]]                   # a run (or every run of an experiment) only some see
+    [[restricted]]                   # a run (or every run of an experiment) only some see,
+                                     # with its warm-up, the evaluation jobs that scored its
+                                     # model and whatever derives from those
     experiment = "breast-pilot"      # or: run = "<run id>"
     visible_to = [{ email = "ana.lima@north.example" }, { claim = "groups", value = "onco" }]
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -57,8 +59,9 @@ class Who:
 
     def matches(self, user: Mapping[str, Any]) -> bool:
         if self.email is not None:
-            # A provider that says the address is unverified does not prove it.
-            if user.get("email_verified") is False:
+            # An address the provider does not say it verified proves nothing: anyone may
+            # register it at a provider that lets users choose their e-mail.
+            if user.get("email_verified") is not True:
                 return False
             return str(user.get("email", "")).casefold() == self.email.casefold()
         held = user.get(str(self.claim))
@@ -102,12 +105,31 @@ class Access:
         return max(roles, key=ROLES.index) if roles else None
 
     def sees_run(
-        self, user: Mapping[str, Any], run_id: str, config: Mapping[str, Any] | None
+        self,
+        user: Mapping[str, Any],
+        run_id: str,
+        config: Mapping[str, Any] | None,
+        sources: Mapping[str, Mapping[str, Any] | None] | None = None,
     ) -> bool:
         """A run no restriction covers is visible to everyone allowed in; one that some
-        restrictions cover, only to the people every one of them names."""
-        covering = [r for r in self.restrictions if r.covers(run_id, config)]
+        restrictions cover, only to the people every one of them names. ``sources``: the runs
+        it derives from (``lineage``) with their configs, whose restrictions cover it too."""
+        runs = {**(sources or {}), run_id: config}
+        covering = [r for r in self.restrictions if any(r.covers(i, c) for i, c in runs.items())]
         return all(any(w.matches(user) for w in r.visible_to) for r in covering)
+
+
+def lineage(run_id: str, derived_from: Mapping[str, Iterable[str]]) -> set[str]:
+    """Every run ``run_id`` derives from, directly or through others (``derived_from``: per
+    run, the runs it derives from directly), itself excluded; cycles end the walk."""
+    found: set[str] = set()
+    todo = list(derived_from.get(run_id, ()))
+    while todo:
+        source = todo.pop()
+        if source not in found and source != run_id:
+            found.add(source)
+            todo.extend(derived_from.get(source, ()))
+    return found
 
 
 def load(path: str | Path) -> Access:

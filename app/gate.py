@@ -19,7 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from app import access, audit
-from app.access import Access, AccessFileError, Role, is_loopback
+from app.access import Access, AccessFileError, Role, is_loopback, lineage
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
 INSECURE_PUBLIC_ENV = "FED_AUC_INSECURE_PUBLIC"  # set by ``fed-auc dashboard --insecure-public``
@@ -38,10 +38,15 @@ class Viewer:
     def name(self) -> str:
         return _name(self.user) if self.user is not None else "unauthenticated"
 
-    def sees(self, run_id: str, config: dict[str, Any] | None) -> bool:
+    def sees(
+        self,
+        run_id: str,
+        config: dict[str, Any] | None,
+        sources: dict[str, dict[str, Any] | None] | None = None,
+    ) -> bool:
         if self.access is None or self.user is None:
             return True
-        return self.access.sees_run(self.user, run_id, config)
+        return self.access.sees_run(self.user, run_id, config, sources)
 
 
 def sign_in_required() -> bool:
@@ -183,9 +188,15 @@ def sidebar(viewer: Viewer) -> None:
 
 
 def visible_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Only the runs the viewer may see (none for a viewer not admitted)."""
+    """Only the runs the viewer may see (none for a viewer not admitted): a run derived from
+    a hidden one (its warm-up, an evaluation job of its model, transitively) is hidden too."""
     viewer = current()
     if viewer is None:
         return runs.iloc[0:0]
-    keep = [viewer.sees(r, c) for r, c in zip(runs["id"], runs["config"], strict=True)]
+    configs = dict(zip(runs["id"], runs["config"], strict=True))
+    derived = dict(zip(runs["id"], runs["derived_from"], strict=True))
+    keep = [
+        viewer.sees(r, configs[r], {s: configs.get(s) for s in lineage(r, derived)})
+        for r in runs["id"]
+    ]
     return runs[keep].reset_index(drop=True)
