@@ -29,8 +29,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 Role = Literal["clinician", "operator"]
+ALLOWED_HOSTS_ENV = "FED_AUC_ALLOWED_HOSTS"  # set by ``fed-auc dashboard``: names it answers
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # a rebinding page never has these names
 DEFAULT_SESSION_HOURS = 12  # a sign-in older than this is renewed (Streamlit keeps 30 days)
 ROLES: tuple[Role, ...] = ("clinician", "operator")  # ascending: an operator sees more
 # Page keys (the file names under app/views/) each role opens. A clinician reads the exported
@@ -215,6 +218,25 @@ def _restriction(path: Path, i: int, entry: dict[str, Any]) -> Restriction:
         )
     who = tuple(_who(f"{where}, visible_to[{j}]", v, set()) for j, v in enumerate(visible))
     return Restriction(entry.get("run"), entry.get("experiment"), who)
+
+
+def host_allowed(host: str | None, allowed: Iterable[str]) -> bool:
+    """Whether a request's Host header names a host the dashboard was started for (its port
+    ignored; ``*.north.example`` matches subdomains). A DNS-rebinding page reaches 127.0.0.1
+    under a name of its own, which this refuses; a request without a Host is refused too."""
+    try:
+        parsed = urlparse(f"//{host}") if host else None
+        name = parsed.hostname if parsed else None
+        _ = parsed.port if parsed else None  # a port that is not a number: refused
+    except ValueError:
+        return False
+    if not name or parsed.username or parsed.password or parsed.path:
+        return False
+    name = name.rstrip(".")
+    for pattern in (p.strip().lower().rstrip(".") for p in allowed):
+        if name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:])):
+            return True
+    return False
 
 
 def is_loopback(host: str | None) -> bool:

@@ -29,6 +29,7 @@ class _PrivateFileHandler(logging.handlers.RotatingFileHandler):
         os.fchmod(fd, MODE)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
+
 _lock = threading.Lock()
 _loggers: dict[Path, logging.Logger] = {}
 
