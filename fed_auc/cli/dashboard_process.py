@@ -134,7 +134,6 @@ FIXED = {
     "server.enableStaticServing": "false",
     "server.runOnSave": "false",
     "server.allowRunOnSave": "false",
-    "server.fileWatcherType": "none",
     "global.developmentMode": "false",
 }
 
