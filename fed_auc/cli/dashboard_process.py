@@ -122,9 +122,13 @@ def _launch(config: Settings, script: Path, private: Path) -> int:
 
 
 # Streamlit settings that decide who someone is or who may drive the app, fixed on every
-# launch. Lists that must stay empty (server.corsAllowedOrigins, server.allowedHosts but for
-# ours, server.unsafeMetricsUserAttributes) have no flag that empties them: the private HOME
-# and working directory, and the scrubbed environment, keep them at their empty defaults.
+# launch as flags. Lists that must stay empty have no flag that empties them: they are written
+# into the private working directory's .streamlit/config.toml (``FIXED_LISTS``), which nothing
+# else configures (no STREAMLIT_* variable, a private HOME).
+FIXED_LISTS = (
+    "[server]\ncorsAllowedOrigins = []\nunsafeMetricsUserAttributes = []\n"
+    "[client]\nallowedOrigins = []\n"  # no other site's frame may drive the app by postMessage
+)
 FIXED = {
     "server.trustedUserHeaders": "{}",  # identity from request headers anyone can send
     "server.enableAgentApi": "false",  # a non-browser client driving the app over HTTP
@@ -157,7 +161,8 @@ def _environment(private: Path) -> dict[str, str]:
         parts = env["PYTHONPATH"].split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in parts)
     (private / "home").mkdir()
-    (private / "work").mkdir()
+    (private / "work" / ".streamlit").mkdir(parents=True)
+    (private / "work" / ".streamlit" / "config.toml").write_text(FIXED_LISTS, encoding="utf-8")
     (private / "secrets.toml").touch(mode=0o600)
     env["HOME"] = str(private / "home")
     return env

@@ -144,7 +144,7 @@ def test_the_environment_cannot_change_who_the_dashboard_thinks_someone_is(tmp_p
     assert dashboard_process.dashboard(_settings("--runs-dir", str(tmp_path / "runs"))) == 0
     env, command = seen["env"], seen["command"]
     assert not [k for k in env if k.upper().startswith("STREAMLIT_")]
-    assert Path(env["HOME"]) != tmp_path / "home" and seen["files"] == []  # no config.toml
+    assert Path(env["HOME"]) != tmp_path / "home" and seen["files"] == []  # nothing of the caller's
     assert seen["cwd"] != tmp_path / "cwd" and seen["mode"] == "0o700"
     assert seen["inside"] == Path(env["HOME"]).parent  # both in this launch's private folder
     assert not Path(env["HOME"]).exists()  # removed when the command ends

@@ -116,6 +116,7 @@ def test_a_rebinding_page_and_a_hostile_environment_get_nothing(tmp_path):
     (home / ".streamlit").mkdir(parents=True)
     (home / ".streamlit" / "config.toml").write_text(
         '[server]\nallowedHosts = ["*"]\nenableAgentApi = true\n'
+        '[client]\nallowedOrigins = ["https://evil.example"]\n'
     )
     env = {**os.environ, **HOSTILE_ENV, "HOME": str(home)}
     process, url = start_dashboard(tmp_path / "runs", env=env, cwd=tmp_path)
@@ -125,8 +126,11 @@ def test_a_rebinding_page_and_a_hostile_environment_get_nothing(tmp_path):
         opened = _stream(port, f"127.0.0.1:{port}")
         with urllib.request.urlopen(f"{url}/_stcore/agent/openapi.json", timeout=30) as r:
             agent = json.load(r)
+        with urllib.request.urlopen(f"{url}/_stcore/host-config", timeout=30) as r:
+            host_config = json.load(r)
     finally:
         stop(process)
     assert refused.split()[1] == "403", refused
     assert opened.split()[1] == "101", opened  # loopback's own name: answered
     assert agent["info"]["x-streamlit-agent-api"] == "disabled"
+    assert host_config["allowedOrigins"] == []  # no other site's frame drives the app
