@@ -5,7 +5,7 @@ may see; this file does. No Streamlit here, so the rules are tested without a br
 
     max_session_hours = 12           # then sign in again (optional; default 12)
 
-    [[people]]                       # by e-mail (the ID token's ``email`` claim)
+    [[people]]                       # by e-mail (``email``, with ``email_verified = true``)
     email = "ana.lima@north.example"
     role = "clinician"
 
@@ -14,7 +14,9 @@ may see; this file does. No Streamlit here, so the rules are tested without a br
     value = "fed-auc-operators"
     role = "operator"
 
-    [[restricted]]                   # a run (or every run of an experiment) only some see
+    [[restricted]]                   # a run (or every run of an experiment) only some see,
+                                     # with its warm-up, the evaluation jobs that scored its
+                                     # model and whatever derives from those
     experiment = "breast-pilot"      # or: run = "<run id>"
     visible_to = [{ email = "ana.lima@north.example" }, { claim = "groups", value = "onco" }]
 """
@@ -23,12 +25,15 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 Role = Literal["clinician", "operator"]
+ALLOWED_HOSTS_ENV = "FED_AUC_ALLOWED_HOSTS"  # set by ``fed-auc dashboard``: names it answers
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # a rebinding page never has these names
 DEFAULT_SESSION_HOURS = 12  # a sign-in older than this is renewed (Streamlit keeps 30 days)
 ROLES: tuple[Role, ...] = ("clinician", "operator")  # ascending: an operator sees more
 # Page keys (the file names under app/views/) each role opens. A clinician reads the exported
@@ -57,8 +62,9 @@ class Who:
 
     def matches(self, user: Mapping[str, Any]) -> bool:
         if self.email is not None:
-            # A provider that says the address is unverified does not prove it.
-            if user.get("email_verified") is False:
+            # An address the provider does not say it verified proves nothing: anyone may
+            # register it at a provider that lets users choose their e-mail.
+            if user.get("email_verified") is not True:
                 return False
             return str(user.get("email", "")).casefold() == self.email.casefold()
         held = user.get(str(self.claim))
@@ -102,12 +108,31 @@ class Access:
         return max(roles, key=ROLES.index) if roles else None
 
     def sees_run(
-        self, user: Mapping[str, Any], run_id: str, config: Mapping[str, Any] | None
+        self,
+        user: Mapping[str, Any],
+        run_id: str,
+        config: Mapping[str, Any] | None,
+        sources: Mapping[str, Mapping[str, Any] | None] | None = None,
     ) -> bool:
         """A run no restriction covers is visible to everyone allowed in; one that some
-        restrictions cover, only to the people every one of them names."""
-        covering = [r for r in self.restrictions if r.covers(run_id, config)]
+        restrictions cover, only to the people every one of them names. ``sources``: the runs
+        it derives from (``lineage``) with their configs, whose restrictions cover it too."""
+        runs = {**(sources or {}), run_id: config}
+        covering = [r for r in self.restrictions if any(r.covers(i, c) for i, c in runs.items())]
         return all(any(w.matches(user) for w in r.visible_to) for r in covering)
+
+
+def lineage(run_id: str, derived_from: Mapping[str, Iterable[str]]) -> set[str]:
+    """Every run ``run_id`` derives from, directly or through others (``derived_from``: per
+    run, the runs it derives from directly), itself excluded; cycles end the walk."""
+    found: set[str] = set()
+    todo = list(derived_from.get(run_id, ()))
+    while todo:
+        source = todo.pop()
+        if source not in found and source != run_id:
+            found.add(source)
+            todo.extend(derived_from.get(source, ()))
+    return found
 
 
 def load(path: str | Path) -> Access:
@@ -193,6 +218,25 @@ def _restriction(path: Path, i: int, entry: dict[str, Any]) -> Restriction:
         )
     who = tuple(_who(f"{where}, visible_to[{j}]", v, set()) for j, v in enumerate(visible))
     return Restriction(entry.get("run"), entry.get("experiment"), who)
+
+
+def host_allowed(host: str | None, allowed: Iterable[str]) -> bool:
+    """Whether a request's Host header names a host the dashboard was started for (its port
+    ignored; ``*.north.example`` matches subdomains). A DNS-rebinding page reaches 127.0.0.1
+    under a name of its own, which this refuses; a request without a Host is refused too."""
+    try:
+        parsed = urlparse(f"//{host}") if host else None
+        name = parsed.hostname if parsed else None
+        _ = parsed.port if parsed else None  # a port that is not a number: refused
+    except ValueError:
+        return False
+    if not name or parsed.username or parsed.password or parsed.path:
+        return False
+    name = name.rstrip(".")
+    for pattern in (p.strip().lower().rstrip(".") for p in allowed):
+        if name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:])):
+            return True
+    return False
 
 
 def is_loopback(host: str | None) -> bool:

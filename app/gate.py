@@ -1,5 +1,7 @@
 """The door of the dashboard: who is signed in (Streamlit's OpenID Connect login, ``st.user``),
-what the access file lets them open, and the audit log of every sign-in, refusal and sign-out.
+what the access file lets them open, and the audit log of every sign-in, refusal, sign-out and
+run viewed. Before any of it, a request under a host name the dashboard was not started for
+(a DNS-rebinding page that points its own name at 127.0.0.1) is refused.
 
 Sign-in is on when FED_AUC_ACCESS_FILE names an access file (``fed-auc dashboard --auth oidc``
 sets it, with the provider in a per-launch secrets file); without it the dashboard is the
@@ -19,7 +21,15 @@ import pandas as pd
 import streamlit as st
 
 from app import access, audit
-from app.access import Access, AccessFileError, Role, is_loopback
+from app.access import (
+    ALLOWED_HOSTS_ENV,
+    LOOPBACK_NAMES,
+    Access,
+    AccessFileError,
+    Role,
+    is_loopback,
+    lineage,
+)
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
 INSECURE_PUBLIC_ENV = "FED_AUC_INSECURE_PUBLIC"  # set by ``fed-auc dashboard --insecure-public``
@@ -38,10 +48,15 @@ class Viewer:
     def name(self) -> str:
         return _name(self.user) if self.user is not None else "unauthenticated"
 
-    def sees(self, run_id: str, config: dict[str, Any] | None) -> bool:
+    def sees(
+        self,
+        run_id: str,
+        config: dict[str, Any] | None,
+        sources: dict[str, dict[str, Any] | None] | None = None,
+    ) -> bool:
         if self.access is None or self.user is None:
             return True
-        return self.access.sees_run(self.user, run_id, config)
+        return self.access.sees_run(self.user, run_id, config, sources)
 
 
 def sign_in_required() -> bool:
@@ -101,9 +116,37 @@ def _expired(rules: Access, user: dict[str, Any]) -> bool:
     return not isinstance(issued, int | float) or time.time() - issued > rules.max_session_s
 
 
+def allowed_hosts() -> list[str]:
+    """The host names to answer: those ``fed-auc dashboard`` was started for, else Streamlit's
+    ``server.allowedHosts``, else loopback's and the address it listens on."""
+    if os.environ.get(ALLOWED_HOSTS_ENV):
+        return os.environ[ALLOWED_HOSTS_ENV].split(",")
+    if st.get_option("server.allowedHosts"):
+        return list(st.get_option("server.allowedHosts"))
+    address = st.get_option("server.address")
+    return [*LOOPBACK_NAMES, *([address] if address not in (None, "", "0.0.0.0", "::") else [])]
+
+
+def _refuse_foreign_host() -> None:
+    """Streamlit refuses a websocket under another Host when ``server.allowedHosts`` is set
+    (``fed-auc dashboard`` sets it); this holds the app to the same rule when it is not, e.g.
+    under ``streamlit run`` by hand. A session with no request headers at all has no browser
+    behind it (Streamlit's AppTest) and no Host to check."""
+    headers = st.context.headers
+    if not headers or access.host_allowed(headers.get("Host"), allowed_hosts()):
+        return
+    st.title("fed-auc dashboard")
+    st.error(
+        f"This dashboard does not answer the host name {headers.get('Host')!r}. Open it under "
+        "one it was started for (fed-auc dashboard --allowed-host NAME adds one)."
+    )
+    st.stop()
+
+
 def admit() -> Viewer:
     """The viewer, or a sign-in / refusal page and ``st.stop()``: nothing of the store is
-    read before someone the access file names is signed in."""
+    read under a foreign host name, nor before someone the access file names is signed in."""
+    _refuse_foreign_host()
     if not sign_in_required():
         _refuse_open_bind()
         return Viewer(None, "operator", None)
@@ -142,7 +185,7 @@ def _refuse_open_bind() -> None:
 
 def _refuse(user: dict[str, Any], event: str, message: str) -> NoReturn:
     if not st.session_state.get(f"_audited_{event}"):
-        audit.record(_audit_path(), event, _name(user), None, _requested_page())
+        audit.record(_audit_path(), event, _name(user), None, _requested_page(), client=_client())
         st.session_state[f"_audited_{event}"] = True
     st.title("fed-auc dashboard")
     st.error(
@@ -167,12 +210,32 @@ def record_sign_in(viewer: Viewer, page: str) -> None:
     seen = _seen_sign_ins()
     if token not in seen:
         seen.add(token)
-        audit.record(_audit_path(), "sign-in", viewer.name, viewer.role, page)
+        audit.record(_audit_path(), "sign-in", viewer.name, viewer.role, page, client=_client())
 
 
 def sign_out(user: dict[str, Any], role: Role | None) -> None:
-    audit.record(_audit_path(), "sign-out", _name(user), role, _requested_page())
+    audit.record(_audit_path(), "sign-out", _name(user), role, _requested_page(), client=_client())
     st.logout()
+
+
+def _client() -> str | None:
+    """The connection's address (None for a browser on this machine: Streamlit hides it;
+    and without a connection, under AppTest)."""
+    address = st.context.ip_address
+    return address if isinstance(address, str) else None
+
+
+def record_view(viewer: Viewer, page: str, run_id: str | None) -> None:
+    """Audit which run a signed-in viewer opens on which page, once per change in a session
+    (a rerun that shows the same run on the same page is not a new view)."""
+    if viewer.user is None or run_id is None:
+        return
+    seen = (page, run_id)
+    if st.session_state.get("_audited_view") != seen:
+        st.session_state["_audited_view"] = seen
+        audit.record(
+            _audit_path(), "view", viewer.name, viewer.role, page, run=run_id, client=_client()
+        )
 
 
 def sidebar(viewer: Viewer) -> None:
@@ -183,9 +246,15 @@ def sidebar(viewer: Viewer) -> None:
 
 
 def visible_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Only the runs the viewer may see (none for a viewer not admitted)."""
+    """Only the runs the viewer may see (none for a viewer not admitted): a run derived from
+    a hidden one (its warm-up, an evaluation job of its model, transitively) is hidden too."""
     viewer = current()
     if viewer is None:
         return runs.iloc[0:0]
-    keep = [viewer.sees(r, c) for r, c in zip(runs["id"], runs["config"], strict=True)]
+    configs = dict(zip(runs["id"], runs["config"], strict=True))
+    derived = dict(zip(runs["id"], runs["derived_from"], strict=True))
+    keep = [
+        viewer.sees(r, configs[r], {s: configs.get(s) for s in lineage(r, derived)})
+        for r in runs["id"]
+    ]
     return runs[keep].reset_index(drop=True)

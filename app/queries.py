@@ -83,7 +83,37 @@ def runs(runs_dir: str | Path) -> pd.DataFrame:
         for summary, last in zip(frame["summary"], frame["last_auc"], strict=True)
     ]
     frame["label"] = [run_label(row) for row in frame.to_dict("records")]
+    frame["derived_from"] = derived_from(runs_dir, frame)
     return frame
+
+
+def derived_from(runs_dir: str | Path, frame: pd.DataFrame) -> list[list[str]]:
+    """Per run of ``frame``, the runs it derives from directly, so that a restriction on one
+    covers the others (``app.access.lineage``): the main run of a warm-up (config
+    ``warmup_for``), the run whose model an evaluation job scored (``model_run_id``), and the
+    run whose export a run started from (config ``init`` inside the runs directory)."""
+    scored: dict[str, set[str]] = {}
+    if _has_table(runs_dir, "evaluations"):
+        rows = _frame(
+            runs_dir,
+            "SELECT DISTINCT run_id, model_run_id FROM evaluations"
+            " WHERE model_run_id IS NOT NULL AND model_run_id != run_id",
+        )
+        for job, model_run in zip(rows["run_id"], rows["model_run_id"], strict=True):
+            scored.setdefault(job, set()).add(model_run)
+    root = Path(runs_dir).resolve()
+    sources = []
+    for run_id, config in zip(frame["id"], frame["config"], strict=True):
+        found = set(scored.get(run_id, ()))
+        if warmup_for({"config": config}):
+            found.add(warmup_for({"config": config}))
+        init = (config or {}).get("init")
+        if isinstance(init, str) and Path(init).resolve().is_relative_to(root):
+            parts = Path(init).resolve().relative_to(root).parts
+            if parts:
+                found.add(parts[0])  # a run's files live in <runs dir>/<run id>/
+        sources.append(sorted(found - {run_id}))
+    return sources
 
 
 def is_training(run: dict[str, Any]) -> bool:

@@ -32,7 +32,9 @@ PAGES = {
 }
 allowed = {key: p for key, p in PAGES.items() if key in ROLE_PAGES[viewer.role]}
 page = st.navigation(list(allowed.values()))
-gate.record_sign_in(viewer, next(k for k, p in allowed.items() if p == page))
+page_key = next(k for k, p in allowed.items() if p == page)
+gate.record_sign_in(viewer, page_key)
 gate.sidebar(viewer)
 common.run_picker()
+gate.record_view(viewer, page_key, st.session_state.get(common.RUN_KEY))
 page.run()

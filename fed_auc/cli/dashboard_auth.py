@@ -1,6 +1,7 @@
 """``fed-auc dashboard``'s settings: flags over a TOML config file, the bind rule (loopback
-unless sign-in is on or ``--insecure-public`` says otherwise), and for ``--auth oidc`` the
-per-launch Streamlit secrets file that holds the provider and the cookie secret.
+unless sign-in is on or ``--insecure-public`` says otherwise), the host names it answers
+(loopback's, and those it is served under: DNS rebinding gets nothing), and for ``--auth oidc``
+the per-launch Streamlit secrets file that holds the provider and the cookie secret.
 
     # dashboard.toml
     runs_dir = "runs"
@@ -9,6 +10,7 @@ per-launch Streamlit secrets file that holds the provider and the cookie secret.
     auth = "oidc"
     access_file = "dashboard-access.toml"
     audit_log = "/var/log/fed-auc/dashboard-audit.log"
+    allowed_hosts = ["fed-auc.north.example"]   # the redirect_uri's host is added anyway
 
     [oidc]
     server_metadata_url = "https://login.north.example/realms/north/.well-known/openid-configuration"
@@ -28,12 +30,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 CLIENT_SECRET_ENV = "FED_AUC_OIDC_CLIENT_SECRET"
 COOKIE_SECRET_ENV = "FED_AUC_COOKIE_SECRET"
 TYPES = {
     "runs_dir": str, "port": int, "host": str, "auth": str, "access_file": str,
-    "audit_log": str, "insecure_public": bool, "oidc": dict,
+    "audit_log": str, "insecure_public": bool, "allowed_hosts": list, "oidc": dict,
 }  # fmt: skip
 OIDC_KEYS = {
     "server_metadata_url", "client_id", "client_secret_file", "redirect_uri",
@@ -56,7 +59,20 @@ class Settings:
     access_file: str | None = None
     audit_log: str = "dashboard-audit.log"
     insecure_public: bool = False
+    allowed_hosts: list[str] = field(default_factory=list)
     oidc: dict[str, Any] = field(default_factory=dict)
+
+    def hosts(self) -> list[str]:
+        """The Host header names the dashboard answers: loopback's, the address it binds (a
+        name or a single address), the sign-in redirect's host and ``allowed_hosts``."""
+        from app.access import LOOPBACK_NAMES
+
+        names = [*LOOPBACK_NAMES, *self.allowed_hosts]
+        if self.host and self.host not in ("0.0.0.0", "::"):
+            names.append(self.host)
+        if self.oidc.get("redirect_uri"):
+            names.append(urlparse(self.oidc["redirect_uri"]).hostname or "")
+        return list(dict.fromkeys(n.lower() for n in names if n))
 
 
 def settings(args: Any) -> Settings:
@@ -75,6 +91,12 @@ def settings(args: Any) -> Settings:
         expected = TYPES[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise SystemExit(f"{where}: {key} must be {expected.__name__}, not {value!r}")
+    for host in values.get("allowed_hosts", []):
+        if not isinstance(host, str) or not host.strip(".*") or host == "*" or "/" in host:
+            raise SystemExit(
+                f"{where}: allowed host {host!r} must be a host name (e.g. dash.north.example, "
+                "*.north.example), never '*': that would answer DNS-rebinding pages"
+            )
     for key, value in values.get("oidc", {}).items():
         if not isinstance(value, str) or not value:
             raise SystemExit(f"{where}: [oidc] {key} must be a non-empty string, not {value!r}")
@@ -93,6 +115,11 @@ def settings(args: Any) -> Settings:
             "who reaches that address would see every run. Use --auth oidc (see hospitals/"
             "README.md, 'Who can open the dashboard'), keep the default 127.0.0.1, or pass "
             "--insecure-public if a proxy in front of it signs people in."
+        )
+    elif not is_loopback(result.host) and not result.allowed_hosts:
+        raise SystemExit(
+            f"{where}: --insecure-public on {result.host} needs --allowed-host NAME, the host "
+            "name the signing-in proxy uses: any other name is refused (DNS rebinding)"
         )
     return result
 

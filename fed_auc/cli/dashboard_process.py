@@ -4,6 +4,7 @@ outlives the command."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +32,10 @@ def add_dashboard_parser(sub: argparse._SubParsersAction) -> None:
         "--audit-log", help="sign-ins, refusals, sign-outs (default dashboard-audit.log)"
     )
     dashboard.add_argument(
+        "--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
+        help="a host name it is served under (repeatable); other Host headers are refused",
+    )  # fmt: skip
+    dashboard.add_argument(
         "--insecure-public", action="store_true",
         help="serve a non-loopback address without sign-in (only behind a signing-in proxy)",
     )  # fmt: skip
@@ -48,13 +53,15 @@ def dashboard(config: Settings) -> int:
     With ``auth = "oidc"`` the access file and audit log travel in the environment too, and
     the provider in a secrets file of this launch's own, removed when it ends.
 
+    Every Streamlit setting that decides who someone is or what may reach the app is fixed
+    here (``FIXED``), whatever the caller's environment, ``~/.streamlit`` or ``./.streamlit``
+    say: Streamlit runs with no STREAMLIT_* variable, in a private HOME and working directory
+    of this launch (removed when it ends), and with these settings as flags.
+
     SIGTERM, SIGINT and SIGHUP are passed on to Streamlit and waited for, and Streamlit is
     told by the kernel to stop if this process dies anyway: it never outlives the command."""
     import importlib.util
-    import os
-    import shutil
-
-    from fed_auc.cli.dashboard_auth import OPEN_ENDPOINTS, write_secrets
+    import tempfile
 
     script = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
     if not script.exists():
@@ -64,14 +71,27 @@ def dashboard(config: Settings) -> int:
             "fed-auc dashboard needs the dashboard extra (streamlit is missing): "
             "pip install -c constraints.txt -e '.[dashboard]'"
         )
+    private = Path(tempfile.mkdtemp(prefix="fed-auc-dashboard-launch-"))  # mode 0700
+    try:
+        return _launch(config, script, private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _launch(config: Settings, script: Path, private: Path) -> int:
+    from app.access import ALLOWED_HOSTS_ENV
+    from fed_auc.cli.dashboard_auth import OPEN_ENDPOINTS, write_secrets
+
     runs_dir, host, port = config.runs_dir, config.host, config.port
-    env = {**os.environ, "FED_AUC_RUNS_DIR": str(Path(runs_dir).resolve())}
-    for name in ("FED_AUC_ACCESS_FILE", "FED_AUC_AUDIT_LOG", "FED_AUC_INSECURE_PUBLIC"):
-        env.pop(name, None)  # sign-in (or an open public address) only when this command says
+    env = _environment(private)
+    env["FED_AUC_RUNS_DIR"] = str(Path(runs_dir).resolve())
+    env[ALLOWED_HOSTS_ENV] = ",".join(config.hosts())  # the app checks them too
     command = [
         sys.executable, "-m", "streamlit", "run", str(script),
         "--server.headless", "true", "--server.port", str(port), "--server.address", host,
         "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
+        *[flag for name, value in FIXED.items() for flag in (f"--{name}", value)],
+        *[flag for name in config.hosts() for flag in ("--server.allowedHosts", name)],
     ]  # fmt: skip
     secrets_dir = None
     if config.auth == "oidc":
@@ -81,6 +101,7 @@ def dashboard(config: Settings) -> int:
         command += ["--secrets.files", str(secrets_dir / "secrets.toml")]
         state = f"sign-in through {config.oidc['server_metadata_url']}"
     else:
+        command += ["--secrets.files", str(private / "secrets.toml")]  # empty: no [auth]
         state = "UNAUTHENTICATED: anyone who reaches this address sees every run"
         if config.insecure_public:
             env["FED_AUC_INSECURE_PUBLIC"] = "1"  # the app serves a non-loopback bind
@@ -89,13 +110,62 @@ def dashboard(config: Settings) -> int:
                 ": only safe behind a proxy that signs people in (hospitals/README.md)",
                 file=sys.stderr,
             )
+    hosts = ", ".join(config.hosts())
     print(f"fed-auc dashboard: http://{host}:{port} over {runs_dir}, {state}", file=sys.stderr)
+    print(f"fed-auc dashboard: answers Host {hosts} only", file=sys.stderr)
     print(f"fed-auc dashboard: open without sign-in: {OPEN_ENDPOINTS}", file=sys.stderr)
     try:
-        return _serve(command, env)
+        return _serve(command, env, private / "work")
     finally:
         if secrets_dir is not None:
             shutil.rmtree(secrets_dir, ignore_errors=True)
+
+
+# Streamlit settings that decide who someone is or who may drive the app, fixed on every
+# launch as flags. Lists that must stay empty have no flag that empties them: they are written
+# into the private working directory's .streamlit/config.toml (``FIXED_LISTS``), which nothing
+# else configures (no STREAMLIT_* variable, a private HOME).
+FIXED_LISTS = (
+    "[server]\ncorsAllowedOrigins = []\nunsafeMetricsUserAttributes = []\n"
+    "[client]\nallowedOrigins = []\n"  # no other site's frame may drive the app by postMessage
+)
+FIXED = {
+    "server.trustedUserHeaders": "{}",  # identity from request headers anyone can send
+    "server.enableAgentApi": "false",  # a non-browser client driving the app over HTTP
+    "server.enableXsrfProtection": "true",
+    "server.enableCORS": "true",
+    "server.xsrfCookieSameSite": "lax",
+    "server.enableStaticServing": "false",
+    "server.runOnSave": "false",
+    "server.allowRunOnSave": "false",
+    "global.developmentMode": "false",
+}
+
+
+def _environment(private: Path) -> dict[str, str]:
+    """The caller's environment less every STREAMLIT_* variable and fed-auc's dashboard
+    variables (sign-in, an open public address, allowed hosts: only this command sets them),
+    with HOME (so ``~/.streamlit``) in ``private``; the user's site-packages stay importable."""
+    import os
+    import site
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith("STREAMLIT_")
+        and k not in ("FED_AUC_ACCESS_FILE", "FED_AUC_AUDIT_LOG", "FED_AUC_INSECURE_PUBLIC")
+        and k != "FED_AUC_ALLOWED_HOSTS"
+    }
+    env.setdefault("PYTHONUSERBASE", site.getuserbase())  # resolved from the real HOME
+    if env.get("PYTHONPATH"):  # relative entries meant the caller's working directory
+        parts = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in parts)
+    (private / "home").mkdir()
+    (private / "work" / ".streamlit").mkdir(parents=True)
+    (private / "work" / ".streamlit" / "config.toml").write_text(FIXED_LISTS, encoding="utf-8")
+    (private / "secrets.toml").touch(mode=0o600)
+    env["HOME"] = str(private / "home")
+    return env
 
 
 def _access_file(path: str | None) -> Path:
@@ -119,12 +189,12 @@ def _audit_log(path: str, runs_dir: str) -> Path:
     return resolved
 
 
-def _serve(command: list[str], env: dict[str, str]) -> int:
-    """Run Streamlit until it exits; signals passed on, never left behind."""
+def _serve(command: list[str], env: dict[str, str], cwd: Path) -> int:
+    """Run Streamlit in ``cwd`` until it exits; signals passed on, never left behind."""
     import signal
     import subprocess
 
-    process = subprocess.Popen(command, env=env, preexec_fn=_stop_with_parent)
+    process = subprocess.Popen(command, env=env, cwd=cwd, preexec_fn=_stop_with_parent)
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

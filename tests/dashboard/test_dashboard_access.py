@@ -43,7 +43,7 @@ visible_to = [{ claim = "groups", value = "fed-auc-operators" }]
 """
 ANA = {"email": "ana@north.example", "email_verified": True}
 OLU = {"email": "olu@north.example", "groups": ["fed-auc-operators", "staff"]}
-KIM = {"email": "kim@north.example"}
+KIM = {"email": "kim@north.example", "email_verified": True}
 PAGES = {
     "overview": "Overview", "sites": "Sites", "heterogeneity": "Heterogeneity",
     "participation": "Participation", "compare": "Compare runs", "roc": "ROC",
@@ -151,7 +151,7 @@ def test_each_role_opens_its_pages_and_no_other(signed_in, who, allowed):
         assert [t.value for t in at.title] == [title], key
     role = "clinician" if who is ANA else "operator"
     assert f"Signed in as {who['email']} ({role})" in texts(at)
-    events = audit.read(log)
+    events = [e for e in audit.read(log) if e["event"] != "view"]
     assert [(e["event"], e["user"], e["role"]) for e in events] == [
         ("sign-in", who["email"], role)  # once per sign-in, not per page
     ]
@@ -211,7 +211,7 @@ def test_signing_out_is_audited(signed_in):
     open_as, log = signed_in
     at = open_as(ANA)
     at.sidebar.button[0].click().run()
-    assert [e["event"] for e in audit.read(log)] == ["sign-in", "sign-out"]
+    assert [e["event"] for e in audit.read(log)] == ["sign-in", "view", "sign-out"]
     assert audit.read(log)[-1]["role"] == "clinician"
 
 
@@ -242,18 +242,25 @@ def test_without_sign_in_the_dashboard_binds_to_loopback_only(capsys):
     for host in ("0.0.0.0", "10.1.2.3", "dashboard.north.example"):
         with pytest.raises(SystemExit, match=f"refusing to serve the dashboard on {host} wit"):
             _settings("--host", host)
-    assert _settings("--host", "0.0.0.0", "--insecure-public").insecure_public
+    with pytest.raises(SystemExit, match="--insecure-public on 0.0.0.0 needs --allowed-host"):
+        _settings("--host", "0.0.0.0", "--insecure-public")  # would answer any host name
+    assert _settings(
+        "--host", "0.0.0.0", "--insecure-public", "--allowed-host", "dash.north.example"
+    ).insecure_public  # fmt: skip
 
 
 def test_insecure_public_warns_and_the_start_says_it_is_unauthenticated(monkeypatch, capsys):
     from fed_auc.cli import dashboard_process
 
     served = {}
-    monkeypatch.setattr(dashboard_process, "_serve", lambda command, env: served.update(env) or 0)
+    monkeypatch.setattr(
+        dashboard_process, "_serve", lambda command, env, cwd: served.update(env) or 0
+    )
     monkeypatch.setenv(INSECURE_PUBLIC_ENV, "1")  # from the caller's shell: never passed on
     assert dashboard_process.dashboard(_settings("--host", "127.0.0.1")) == 0
     assert INSECURE_PUBLIC_ENV not in served
-    assert dashboard_process.dashboard(_settings("--host", "0.0.0.0", "--insecure-public")) == 0
+    public = ("--host", "0.0.0.0", "--insecure-public", "--allowed-host", "dash.north.example")
+    assert dashboard_process.dashboard(_settings(*public)) == 0
     assert served[INSECURE_PUBLIC_ENV] == "1"  # the app serves the address the operator chose
     err = capsys.readouterr().err
     assert "WARNING: serving 0.0.0.0 without sign-in (--insecure-public)" in err
@@ -295,7 +302,7 @@ def test_sign_in_settings_come_from_the_config_file_and_the_secrets_are_per_laun
     monkeypatch.setenv("FED_AUC_OIDC_CLIENT_SECRET", "s3cret")
     seen = {}
 
-    def serve(command, env):
+    def serve(command, env, cwd):
         path = command[command.index("--secrets.files") + 1]
         seen.update(path=path, text=open(path).read(), mode=oct(os.stat(path).st_mode))
         return 0

@@ -95,7 +95,7 @@ def test_sign_in_roles_refusal_forgery_expiry_and_audit(tmp_path, monkeypatch):
                 browser.close()
         finally:
             stop(process)
-    events = [(e["event"], e["user"], e["role"]) for e in audit.read(log)]
+    events = [(e["event"], e["user"], e["role"]) for e in audit.read(log) if e["event"] != "view"]
     assert events == [
         ("sign-in", "ana@north.example", "clinician"),
         ("sign-out", "ana@north.example", "clinician"),
@@ -103,6 +103,14 @@ def test_sign_in_roles_refusal_forgery_expiry_and_audit(tmp_path, monkeypatch):
         ("refused", "eve@north.example", None),
     ]
     assert all(e["time"] and e["page"] for e in audit.read(log))
+    views = [(e["user"], e["page"], e["client"]) for e in audit.read(log) if e["event"] == "view"]
+    assert views == [
+        ("ana@north.example", "overview", "local"),
+        ("olu@north.example", "overview", "local"),
+        ("olu@north.example", "participation", "local"),
+    ]
+    assert all(e["run"] in RUN_IDS for e in audit.read(log) if e["event"] == "view")
+    assert oct(log.stat().st_mode & 0o777) == "0o600"  # who looked at what: its user's only
 
 
 def _check_roles(browser, url: str) -> None:
