@@ -44,7 +44,7 @@ class NodesLike:
 
     def pull_messages(self, message_ids) -> list[SimpleNamespace]:
         replies = []
-        for mid in message_ids:
+        for mid in [m for m in self.pending if m in message_ids]:  # in the order pushed
             node = self.pending[mid].metadata.dst_node_id
             header, _ = message_frame(self.pending[mid].content)
             if header["kind"] == "register":
@@ -138,7 +138,8 @@ def test_a_sites_key_cannot_speak_for_another_site(keys):
     transport = _transport(grid, _identities(keys), events)
     transport._discover(timeout=1.0)
     assert transport.node_of == {"north": NORTH}
-    assert "site 'south'" in events[-1][2] and events[-1][1] == "error"
+    (error,) = [e for e in events if e[1] == "error"]
+    assert "key of site south" in error[2] and "says it is site north" in error[2]
 
 
 def test_the_same_key_coming_back_is_a_reconnect(keys):
@@ -169,3 +170,21 @@ def test_without_node_keys_nothing_is_checked_and_the_record_stays_readable(keys
     assert SiteIdentities.for_run({}, {}, "r1").claim("north", 5) is None
     record = {"rounds": 1, "transport": "flower", "site_keys": {"north": keys.prints["north"]}}
     assert recorded_config(record, "runs").rounds == 1
+
+
+def test_the_coordinator_refuses_two_sites_with_one_key_before_starting_anything(keys, tmp_path):
+    """``fed-auc coordinator`` over a certs folder in which two sites share a key: it stops
+    before the SuperLink starts (no process), naming both sites; the run is marked failed."""
+    from fed_auc.experiment.config import ExperimentConfig
+    from fed_auc.store.run_store import RunStore
+    from fed_auc.transport.flower.launch import CoordinatorFailed, run_coordinator
+
+    shutil.copytree(keys.root, tmp_path / "certs")
+    shutil.copy(tmp_path / "certs/keys/north.pub", tmp_path / "certs/keys/twin.pub")
+    config = ExperimentConfig(rounds=1, runs_dir=str(tmp_path / "runs")).to_dict()
+    flower = {"certs_dir": str(tmp_path / "certs"), "address": "127.0.0.1:1"}
+    with pytest.raises(CoordinatorFailed, match=r"'north' and 'twin' .* same public key"):
+        run_coordinator({"experiment": config, "flower": flower}, tmp_path / "work", print)
+    assert not (tmp_path / "work" / "superlink.log").exists()
+    with RunStore(tmp_path / "runs") as store:
+        assert store.runs()["status"].tolist() == ["failed"]

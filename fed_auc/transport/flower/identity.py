@@ -109,18 +109,18 @@ class SiteIdentities:
         key = self.node_keys.get(node)
         if key is None:
             return (
-                f"impersonation attempt: Flower node {node} says it is site {site!r} "
-                "but holds no key registered by this coordinator; refused"
+                f"impersonation attempt: a node says it is site {site} but holds no key "
+                "registered by this coordinator; refused"
             )
         bound = self.bound.get(site)
         if bound == key:
             return None
         owner = next((s for s, k in self.bound.items() if k == key), None)
-        holder = f"site {owner!r}'s key" if owner else "a key bound to no site"
-        expected = f"bound to key {bound}" if bound else "a site with no registered key"
+        holder = f"the key of site {owner}" if owner else "a key bound to no site"
+        expected = f"which is bound to key {bound}" if bound else "which has no registered key"
         return (
-            f"impersonation attempt: a node with {holder} ({key}) says it is site {site!r}, "
-            f"{expected}; refused, the node never takes {site!r}'s place"
+            f"impersonation attempt: a node with {holder} ({key}) says it is site {site}, "
+            f"{expected}; refused, site {site} keeps its place"
         )
 
     def bindings(self, sites: list[str]) -> dict[str, str]:

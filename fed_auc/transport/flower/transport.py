@@ -232,7 +232,7 @@ class FlowerTransport:
             refusal = self.identities.claim(site, node)
             if refusal is not None:  # the site keeps its place; its node is not replaced
                 self._impostors.add(node)
-                self.event(site, "error", f"site {site}: {refusal} (Flower node {node})")
+                self.event(site, "error", f"{refusal} (Flower node {node})")
                 continue
             known_before = site in self._answers
             self.node_of[site] = node
