@@ -158,7 +158,7 @@ def test_a_resumed_run_keeps_the_binding_of_its_first_registration(keys):
     node_keys = {str(SPARE): {"site": "north", "fingerprint": keys.prints["spare"]}}
     identities = SiteIdentities.for_run({"node_keys": node_keys}, recorded, "r1")
     assert "impersonation attempt" in identities.claim("north", SPARE)
-    assert identities.bindings(["north"]) == recorded["site_keys"]
+    assert identities.record(["north"]) == recorded
     swapped = {"site_keys": {"north": keys.prints["south"]}}  # south's key is north's now
     with pytest.raises(ValueError, match="a site's key changes between runs"):
         _identities(keys, swapped)
@@ -167,7 +167,8 @@ def test_a_resumed_run_keeps_the_binding_of_its_first_registration(keys):
 
 
 def test_without_node_keys_nothing_is_checked_and_the_record_stays_readable(keys):
-    assert SiteIdentities.for_run({}, {}, "r1").claim("north", 5) is None
+    unchecked = SiteIdentities.for_run({}, {}, "r1")
+    assert unchecked.claim("north", 5) is None and unchecked.record(["north"]) == {}
     record = {"rounds": 1, "transport": "flower", "site_keys": {"north": keys.prints["north"]}}
     assert recorded_config(record, "runs").rounds == 1
 

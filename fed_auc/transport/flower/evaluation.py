@@ -66,7 +66,7 @@ def run_evaluation(
             {
                 **recorded,
                 **data_record(summaries, site_files=True),
-                "site_keys": identities.bindings(sites),
+                **identities.record(sites),
             },
         )
         held_out = [s for s in sites if s not in trained_sites(card)]

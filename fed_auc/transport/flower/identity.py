@@ -123,6 +123,9 @@ class SiteIdentities:
             f"{expected}; refused, site {site} keeps its place"
         )
 
-    def bindings(self, sites: list[str]) -> dict[str, str]:
-        """site → fingerprint of the given sites, for the run's record."""
-        return {site: self.bound[site] for site in sites if site in self.bound}
+    def record(self, sites: list[str]) -> dict[str, Any]:
+        """What the run's record keeps (``site_keys``: site → fingerprint of the given
+        sites); nothing without node authentication."""
+        if not self.checked:
+            return {}
+        return {"site_keys": {site: self.bound[site] for site in sites if site in self.bound}}

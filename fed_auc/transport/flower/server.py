@@ -97,7 +97,7 @@ def run_experiment(
                 **config.to_dict(),
                 **run_sites.record,
                 "flower": asdict(settings),
-                "site_keys": identities.bindings(sites),  # kept for a resumed coordinator
+                **identities.record(sites),  # the sites' keys, kept for a resumed coordinator
             },
         )
         coordinator, setup = open_run(
