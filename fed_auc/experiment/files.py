@@ -56,6 +56,7 @@ def recorded_config(recorded: dict[str, Any], runs_dir: str | Path) -> Experimen
     # ran on, not options: the sites' data, their number and site files come from the nodes
     # over Flower, from the site files in-process.
     recorded.pop("site_data", None)
+    recorded.pop("site_keys", None)  # which key each site joined with (transport.flower.identity)
     if recorded.get("transport") == "flower":
         for key in ("data", "sites", "site_files"):
             recorded.pop(key, None)

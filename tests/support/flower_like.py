@@ -163,7 +163,7 @@ def _over_worker(options: dict, files: list[Path], runs: Path) -> tuple:
     """The Flower coordinator's ``run_experiment``, its transport swapped for ours."""
     made: list[FlowerLikeTransport] = []
 
-    def transport(grid, setup, settings, log, event):
+    def transport(grid, setup, settings, log, event, identities=None):
         made.append(FlowerLikeTransport(files, setup))
         return made[-1]
 

@@ -19,6 +19,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import FlowerSettings
 from fed_auc.run.lifecycle import fail_run
 from fed_auc.store.run_store import RunStore
+from fed_auc.transport.flower.identity import SiteIdentities
 from fed_auc.transport.flower.transport import FlowerTransport
 
 
@@ -52,14 +53,22 @@ def run_evaluation(
         setup = config.node_setup(
             run_id, request.model_config, len(request.label_names), settings.expected_sites
         )
-        transport = make_transport(grid, setup, settings, log, event)
+        recorded = store.run(run_id)["config"]
+        identities = SiteIdentities.for_run(experiment, recorded, run_id)
+        transport = make_transport(grid, setup, settings, log, event, identities)
         log(f"evaluation {run_id}: waiting for {settings.expected_sites} site(s)")
         sites = list(transport.register())
         store.record_sites(run_id, transport.summaries)
         # what the job really scored: the registered sites' data (data_record)
         summaries = [transport.summaries[s] for s in sites]
-        recorded = store.run(run_id)["config"]
-        store.update_config(run_id, {**recorded, **data_record(summaries, site_files=True)})
+        store.update_config(
+            run_id,
+            {
+                **recorded,
+                **data_record(summaries, site_files=True),
+                **identities.record(sites),
+            },
+        )
         held_out = [s for s in sites if s not in trained_sites(card)]
         store.add_event(run_id, f"evaluation job of {job['model']} at {sites}; "
                         f"not trained on: {held_out}")  # fmt: skip

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from fed_auc.site import SiteDefinition
 from fed_auc.store.run_store import STORE_FILE, RunStore, git_revision
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.executor import serve_tasks
+from fed_auc.transport.flower.identity import read_site_keys
 from fed_auc.transport.flower.node_watch import (
     SupernodeWatch,
     lock_state_dir,
@@ -172,6 +174,8 @@ def _serve(
     home.mkdir(parents=True, exist_ok=True)
     env = flower_env(home)
     certs = None if settings.insecure else Path(settings.certs_dir).resolve()
+    # site → key fingerprint; two sites listed with one key are refused before anything starts
+    site_keys = {} if certs is None else read_site_keys(certs / "keys")
     _write_connection(home, reachable(settings.address), certs)
     host, port = settings.address.rsplit(":", 1)
     command = [
@@ -192,7 +196,6 @@ def _serve(
     progress_file = work_dir / "progress.log"
     progress_file.write_text("")
     files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
-    experiment_file.write_text(json.dumps({**experiment, **files}))
     superlink_log = work_dir / "superlink.log"
     start = superlink_log.stat().st_size if superlink_log.exists() else 0
     with open(superlink_log, "ab") as log:  # it dies with us, even by SIGKILL
@@ -205,7 +208,12 @@ def _serve(
         if certs is not None:
             registered = register_keys(home, certs / "keys")
             for key in registered:
-                echo(f"registered site key {key}")
+                echo(f"registered site key {key} ({site_keys[Path(key).stem]})")
+            # which key each Flower node holds: the ServerApp binds sites to them (identity)
+            files["node_keys"] = {
+                str(node): {"site": Path(key).stem, "fingerprint": site_keys[Path(key).stem]}
+                for key, node in registered.items()
+            }
             # a node refused for its key is said here too, once per key
             refusals = _key_refusals(registered, certs / "keys")
             threading.Thread(
@@ -213,6 +221,7 @@ def _serve(
                 args=(superlink_log, echo, superlink_done, refusals, start),
                 daemon=True,
             ).start()
+        experiment_file.write_text(json.dumps({**experiment, **files}))
         app = write_app(work_dir / "app")
         overrides = f'experiment-file="{experiment_file}"'
         run = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config", overrides]
@@ -245,7 +254,7 @@ def _serve(
 UNKNOWN_KEY = "No SuperNode found with the given public key"  # the SuperLink refused a node
 
 
-def _key_refusals(registered: list[str], keys_dir: Path):
+def _key_refusals(registered: Iterable[str], keys_dir: Path):
     """For ``follow_log`` over the SuperLink's log: one line per key it refused."""
     seen: set[str] = set()
 
@@ -272,8 +281,9 @@ def _write_connection(home: Path, address: str, certs: Path | None) -> None:
     (home / "config.toml").write_text(text + f'address = "{address}"\n{security}\n')
 
 
-def register_keys(home: Path, keys_dir: Path) -> list[str]:
-    """Register every ``<site>.pub`` with the SuperLink: only these nodes may join.
+def register_keys(home: Path, keys_dir: Path) -> dict[str, int]:
+    """Register every ``<site>.pub`` with the SuperLink: only these nodes may join. Returns
+    the Flower node id of each (file name → id): the node that holds that key gets it.
 
     Through the Control API client the ``flwr supernode register`` command uses, in this
     process: one ``flwr`` process per key costs tens of seconds of start-up on a busy machine.
@@ -286,12 +296,12 @@ def register_keys(home: Path, keys_dir: Path) -> list[str]:
     os.environ["FLWR_HOME"] = str(home)
     client = init_http_client_from_connection(read_superlink_connection(CONNECTION))
     try:
-        names = []
+        nodes = {}
         for path in sorted(keys_dir.glob("*.pub")):
             key = try_load_public_key(path)
-            client.RegisterNode(RegisterNodeRequest(public_key=key, name=path.stem))
-            names.append(path.name)
-        return names
+            reply = client.RegisterNode(RegisterNodeRequest(public_key=key, name=path.stem))
+            nodes[path.name] = reply.node_id
+        return nodes
     finally:
         client.close()
 

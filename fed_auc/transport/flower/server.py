@@ -28,6 +28,7 @@ from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import backoff
+from fed_auc.transport.flower.identity import SiteIdentities
 from fed_auc.transport.flower.transport import FlowerTransport
 
 
@@ -61,7 +62,8 @@ def run_experiment(
         provisional = provisional.node_setup(
             run_id, model.config(), config.num_labels, settings.expected_sites
         )
-        everyone = make_transport(grid, provisional, settings, log, event)
+        identities = SiteIdentities.for_run(experiment, store.run(run_id)["config"], run_id)
+        everyone = make_transport(grid, provisional, settings, log, event, identities)
         transport = (
             everyone if config.hold_out is None else TrainingSites(everyone, config.hold_out)
         )
@@ -90,7 +92,13 @@ def run_experiment(
             label_names=list(registrations[sites[0]]["label_names"]) if sites else None,
         )
         store.update_config(
-            run_id, {**config.to_dict(), **run_sites.record, "flower": asdict(settings)}
+            run_id,
+            {
+                **config.to_dict(),
+                **run_sites.record,
+                "flower": asdict(settings),
+                **identities.record(sites),  # the sites' keys, kept for a resumed coordinator
+            },
         )
         coordinator, setup = open_run(
             config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),

@@ -29,6 +29,7 @@ from fed_auc.transport.flower.codec import (
     frame_reply,
     tensor_frame,
 )
+from fed_auc.transport.flower.identity import SiteIdentities
 
 # How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
 # sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
@@ -48,9 +49,11 @@ class FlowerTransport:
         settings: FlowerSettings,
         log=print,
         event=lambda site, level, message: None,
+        identities: SiteIdentities | None = None,
     ):
         """``setup``: the run as nodes see it (``use`` switches it, e.g. for the warm-up);
-        ``event(site, level, message)``: joins, departures and returns, for the store."""
+        ``event(site, level, message)``: joins, departures and returns, for the store;
+        ``identities``: the key each site is bound to (none: nothing checked)."""
         self.grid = grid
         self.log = log
         self.event = event
@@ -67,6 +70,8 @@ class FlowerTransport:
         # last answer said; those travel as tags. Forgotten when the site fails or rejoins.
         self.held: dict[str, list[str]] = {}
         self._refusals: set[str] = set()  # registration errors already shown
+        self.identities = identities or SiteIdentities({}, {})
+        self._impostors: set[int] = set()  # nodes refused for their key: never asked again
 
     @property
     def sites(self) -> list[str]:
@@ -206,7 +211,7 @@ class FlowerTransport:
 
     def _discover(self, timeout: float) -> None:
         """Ask nodes we do not know yet which site they serve (a restarted node reappears)."""
-        known = set(self.node_of.values())
+        known = set(self.node_of.values()) | self._impostors
         new = [node for node in self.grid.get_node_ids() if node not in known]
         if not new:
             return
@@ -224,6 +229,11 @@ class FlowerTransport:
                 continue
             answer, _ = message_frame(reply.content)
             site, node = answer["site"], reply.metadata.src_node_id
+            refusal = self.identities.claim(site, node)
+            if refusal is not None:  # the site keeps its place; its node is not replaced
+                self._impostors.add(node)
+                self.event(site, "error", f"{refusal} (Flower node {node})")
+                continue
             known_before = site in self._answers
             self.node_of[site] = node
             self._answers[site] = answer
