@@ -82,6 +82,13 @@ class BudgetSpent(NodeRefused):
     status = "budget_spent"
 
 
+class SetupChanged(NodeRefused):
+    """A request for a run that changes what its releases were computed from (its setup,
+    its data, or its ledger's δ): refused, never re-keyed or rewritten."""
+
+    status = "setup_changed"
+
+
 @dataclass(frozen=True)
 class Step:
     """``count`` subsampled Gaussian mechanisms with sampling rate ``q`` and noise ``sigma``."""
@@ -254,6 +261,11 @@ class PrivacyLedger:
         self._epsilon: float | None = None
         if self.path.exists():
             saved = json.loads(self.path.read_text())
+            if saved["delta"] != delta:  # the releases made report their ε at their own δ
+                raise SetupChanged(
+                    f"{self.path}: this run's releases were counted at δ = {saved['delta']}; "
+                    f"a request at δ = {delta} is refused (δ is part of the ledger)"
+                )
             self.releases = saved["releases"]
             self.spent_at = saved.get("spent_at")
 

@@ -100,7 +100,7 @@ class NodeWorker:
             log.info("%s: building the node for run %s", self.site.name, setup.run_id)
             hosting = self.site.hosting()
             node = build_node(
-                setup, self._site_data(setup), hosting, self.site.state_dir / setup.run_id
+                setup, self._site_data(setup), hosting, setup.state_dir(self.site.state_dir)
             )
             self.host.hosting = hosting
             self.host.serve(node)
