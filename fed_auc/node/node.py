@@ -157,7 +157,7 @@ class Node:
             "dp": repr(privacy),
             "compute": self.compute.describe(),  # another device or precision: other numbers
         }  # fmt: skip
-        self.privacy.attach(self)
+        self.privacy.attach(backend, self.batches, self.private_draws, training.local_steps)
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state

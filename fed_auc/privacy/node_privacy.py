@@ -5,7 +5,7 @@ is: no DP (``NodePrivacy`` itself), update-level DP (``UpdatePrivacy``) and DP-S
 (``ExamplePrivacy``) answer the same calls in the same places of a round:
 
 - ``sampler_seed`` and ``poisson``: how the node draws its batches (DP-SGD samples in secret);
-- ``attach(node)``: plan with what only the built node knows (its backend, its draws);
+- ``attach(...)``: plan with what only the built node knows (its backend, its draws);
 - ``check_open(run)``: before a release, the budget is open and the run's setup is the one
   fixed at its first release (``run_setup``);
 - ``update(trainable, key)``: the context of one local update (DP-SGD's private gradients);
@@ -19,7 +19,7 @@ A new mechanism is one module: its settings, a ``NodePrivacy`` subclass, and its
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,9 +31,12 @@ from fed_auc.privacy.run_setup import fix_run_setup
 from fed_auc.privacy.update_dp import PrivateUpdates, UpdateDP
 
 if TYPE_CHECKING:
+    from fed_auc.algorithms.base import Backend, Draw
+    from fed_auc.data.sampling import BatchStream
     from fed_auc.node.compute import Compute
-    from fed_auc.node.node import Node
     from fed_auc.trainable import Trainable
+
+    Draws = Callable[[int], list[Draw]]  # what one round draws, for a number of local steps
 
 
 class NodePrivacy:
@@ -62,8 +65,11 @@ class NodePrivacy:
     def sampler_seed(self, seed: int) -> int:
         return seed
 
-    def attach(self, node: Node) -> None:
-        """Plan with what only the built node knows (its backend, its draws)."""
+    def attach(
+        self, backend: Backend, batches: BatchStream, draws: Draws, local_steps: int | None
+    ) -> None:
+        """Plan with what only the built node knows: its ``backend``, its ``batches``, what a
+        round ``draws`` for a number of local steps, the site's own ``local_steps`` (τ_i)."""
 
     def check_open(self, run: Mapping[str, Any] | None) -> None:
         """Before a release: the setup it is computed from (``run``: the setup's fields and the
@@ -103,9 +109,11 @@ class UpdatePrivacy(NodePrivacy):
     def accounted(self) -> bool:
         return self.settings.accounted
 
-    def attach(self, node: Node) -> None:
-        self.backend = node.backend
-        blocks = [len(node.backend.reply_layout(phase).prefixes) for phase in node.backend.phases]
+    def attach(
+        self, backend: Backend, batches: BatchStream, draws: Draws, local_steps: int | None
+    ) -> None:
+        self.backend = backend
+        blocks = [len(backend.reply_layout(phase).prefixes) for phase in backend.phases]
         self.updates = PrivateUpdates(self.settings, self.site, self.state_dir, self.secret, blocks)
         updates = self.updates
         self.ledger, self.sigma, self.plan = updates.ledger, updates.sigma, updates.plan
@@ -135,14 +143,15 @@ class ExamplePrivacy(NodePrivacy):
     def sampler_seed(self, seed: int) -> int:
         return self.secret.seed("sampler")
 
-    def attach(self, node: Node) -> None:
+    def attach(
+        self, backend: Backend, batches: BatchStream, draws: Draws, local_steps: int | None
+    ) -> None:
         dp = self.settings
-        if node.training.local_steps is not None:  # the site's own τ_i is what is planned for
-            dp = dataclasses.replace(dp, local_steps=node.training.local_steps)
+        if local_steps is not None:  # the site's own τ_i is what is planned for
+            dp = dataclasses.replace(dp, local_steps=local_steps)
         self.training = PrivateTraining(
-            dp, self.site, node.batches, self.state_dir, self.secret,
-            node.private_draws(dp.local_steps),
-        )  # fmt: skip
+            dp, self.site, batches, self.state_dir, self.secret, draws(dp.local_steps)
+        )
         training = self.training
         self.ledger, self.sigma, self.plan = training.ledger, training.sigma, training.plan
 
