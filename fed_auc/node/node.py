@@ -219,7 +219,9 @@ class Node:
         key = ""  # the release this update makes: everything that fixes its computation
         if privacy.accounted:
             local = {"backend": self._local_state, "personal": self._personal}
-            settings = {**self._settings, "run": run}
+            # the run's setup and data, less its id (a name, not a computation)
+            fixed = {**run, "setup": {k: v for k, v in run["setup"].items() if k != "run_id"}}
+            settings = {**self._settings, "run": fixed}
             key = release_key(self.name, broadcast, self.batches.state_dict(), settings, local)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
