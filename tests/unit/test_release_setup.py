@@ -157,7 +157,8 @@ def _setup_over_flower(dp: dict) -> tuple[dict, Broadcast]:
 def test_the_same_round_with_a_changed_setup_is_refused_over_the_flower_node_path(tmp_path):
     setup, broadcast = _setup_over_flower(UPDATE_DP)
     site = SiteDefinition.from_toml(_site_toml(tmp_path, "mercy_rural", 2))
-    worker = NodeWorker(site)
+    console: list[str] = []
+    worker = NodeWorker(site, echo=console.append)
     first = frame_reply(worker.handle(*broadcast_frame(broadcast, setup)))
     assert first.metrics["dp_epsilon"] > 0
     state = site.state_dir / "run1"
@@ -166,6 +167,7 @@ def test_the_same_round_with_a_changed_setup_is_refused_over_the_flower_node_pat
         with pytest.raises(SetupChanged, match=_named(field)) as refused:
             worker.handle(*broadcast_frame(broadcast, change(setup)))
         assert refusal(refused.value).startswith("refused[setup_changed]: ")
+        assert console[-1].startswith("mercy_rural: refused a train request: "), field
         assert (state / LEDGER_FILE).read_bytes() == ledger, field
     again = frame_reply(worker.handle(*broadcast_frame(broadcast, setup)))  # the same: free
     assert again.metrics["dp_epsilon"] == first.metrics["dp_epsilon"]
