@@ -213,7 +213,7 @@ class Node:
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
         privacy = self.privacy
-        run = self._run_record() if privacy.accounted else None
+        run = self.run_record() if privacy.accounted else None
         privacy.check_open(run)  # the setup of the run's first release; a budget not spent
         self._sync_local_state(broadcast)
         key = ""  # the release this update makes: everything that fixes its computation
@@ -253,9 +253,10 @@ class Node:
             self._local_state, self._personal = None, {}
         return reply
 
-    def _run_record(self) -> dict[str, Any]:
+    def run_record(self) -> dict[str, Any]:
         """What the run's releases are computed from besides each request: the setup and the
-        site data's digest (hashed once per node)."""
+        site data's digest (``data``: what a lifetime budget names the dataset by), hashed
+        once per node."""
         if self._run is None:
             self._run = {"setup": self.run_setup or {}, "data": site_data_digest(self.site)}
         return self._run
