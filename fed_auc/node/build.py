@@ -10,8 +10,7 @@ from fed_auc.algorithms import build_backend
 from fed_auc.data.base import SiteData
 from fed_auc.node.node import LocalTraining, Node
 from fed_auc.node.setup import SEED_STRIDE, NodeSetup, SiteHosting, check_batch_size
-from fed_auc.privacy.dp_sgd import ExampleDP
-from fed_auc.privacy.update_dp import UpdateDP
+from fed_auc.privacy.node_privacy import privacy_settings
 from fed_auc.trainable import Trainable
 
 
@@ -29,11 +28,7 @@ def build_node(
     planner plans for; its compute (device, precision) is its operator's, never the
     coordinator's: ``NodeSetup`` carries none."""
     check_batch_size(data, setup.batch_size)
-    privacy = None
-    if setup.example_dp is not None:
-        privacy = ExampleDP(**setup.example_dp)
-    elif setup.update_dp is not None:
-        privacy = UpdateDP(**setup.update_dp)
+    privacy = privacy_settings(setup.example_dp, setup.update_dp)
     augment = hosting.augment or setup.augment
     training = LocalTraining(
         setup.model_config,
@@ -50,5 +45,6 @@ def build_node(
     )
     backend = build_backend(setup.algorithm, **setup.hyperparameters)
     return Node(
-        data, backend, training, state_dir, privacy, hosting.compute, trainable, state_in_memory
-    )
+        data, backend, training, state_dir, privacy, hosting.compute, trainable, state_in_memory,
+        run_setup=setup.to_dict(),
+    )  # fmt: skip

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from fed_auc.algorithms.partial import choose_groups, memory_table, parse_budget
 from fed_auc.algorithms.personal import Personalization
 from fed_auc.data.augment import Augment
 from fed_auc.data.base import SiteData, Split
+from fed_auc.data.digest import site_data_digest
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
 from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
@@ -42,10 +42,11 @@ from fed_auc.metrics.operating_point import default_edges, score_bins
 from fed_auc.metrics.roc import per_label_roc
 from fed_auc.models import model_from_config
 from fed_auc.node.compute import Compute, Meter, to_host
-from fed_auc.privacy.accounting import NodeSecret, release_key
-from fed_auc.privacy.dp_sgd import ExampleDP, PrivateTraining
+from fed_auc.privacy.accounting import release_key
+from fed_auc.privacy.dp_sgd import ExampleDP
+from fed_auc.privacy.node_privacy import node_privacy
 from fed_auc.privacy.secure.messages import CONFIG_KEY
-from fed_auc.privacy.update_dp import PrivateUpdates, UpdateDP
+from fed_auc.privacy.update_dp import UpdateDP
 from fed_auc.trainable import Tensors, Trainable
 from fed_auc.tta import check_tta, default_tta, predict
 
@@ -99,6 +100,7 @@ class Node:
         compute: Compute | None = None,
         trainable: Trainable | None = None,
         state_in_memory: bool = True,
+        run_setup: dict[str, Any] | None = None,
     ) -> None:
         """``privacy``: update-level DP (``UpdateDP``) or DP-SGD (``ExampleDP``), noised from
         a secret only this node holds. ``compute``: the device and precision the operator
@@ -108,7 +110,8 @@ class Node:
         (every request loads the global tensors into it first, so it carries nothing from one
         site to the next); None builds this node's own. ``state_in_memory`` False keeps the
         local state on disk only between rounds, so a simulation of hundreds of sites holds
-        one at a time."""
+        one at a time. ``run_setup``: the experiment's setup as this node got it
+        (``NodeSetup.to_dict``), fixed with the data's digest at the run's first release."""
         self.site = site
         self.training = training
         self.tta = check_tta(
@@ -120,12 +123,10 @@ class Node:
         for path in (self.state_path, self.pending_path):  # left by a node killed mid-write
             remove_stale_temporaries(path)
         self.compute = compute or Compute(torch.device("cpu"))
-        example_dp = privacy if isinstance(privacy, ExampleDP) else None
-        if example_dp is not None and self.compute.precision == "fp16":
-            raise ValueError(
-                f"site {site.name!r}: precision fp16 with dp = 'example' is not supported "
-                "(per-example gradients have no loss scale); use bf16 or fp32"
-            )
+        self.privacy = node_privacy(privacy, site.name, state_dir)  # no DP, update DP, DP-SGD
+        self.privacy.check_compute(self.compute)
+        self.run_setup = run_setup
+        self._run: dict[str, Any] | None = None  # the run's setup and data digest, when asked
         self.trainable = self._trainable(trainable)
         self.state_in_memory = state_in_memory
         self.personalization = training.personalization
@@ -133,15 +134,12 @@ class Node:
             self.personalization.check_backend(backend)
             self.personalization.setup(self.trainable)
         self._personal: dict[str, Any] = {}  # personal model (personalization), same file
-        noised = example_dp is not None or (isinstance(privacy, UpdateDP) and privacy.accounted)
-        # the noise (and DP-SGD's sample) come from a secret only this node holds
-        self.secret = NodeSecret(state_dir) if noised else None
-        stream = BatchStream if example_dp is None else PoissonBatches
+        stream = PoissonBatches if self.privacy.poisson else BatchStream
         augment = training.augment
         self.batches = stream(
             site.train,
             training.batch_size,
-            seed=training.seed if example_dp is None else self.secret.seed("sampler"),
+            seed=self.privacy.sampler_seed(training.seed),
             min_pos_fraction=training.min_pos_fraction,
             min_neg_fraction=training.min_neg_fraction,
             augment=None
@@ -159,20 +157,7 @@ class Node:
             "dp": repr(privacy),
             "compute": self.compute.describe(),  # another device or precision: other numbers
         }  # fmt: skip
-        self.private_training = None
-        if example_dp is not None:
-            if training.local_steps is not None:
-                example_dp = dataclasses.replace(example_dp, local_steps=training.local_steps)
-            self.private_training = PrivateTraining(
-                example_dp, site.name, self.batches, state_dir, self.secret,
-                self.private_draws(example_dp.local_steps),
-            )  # fmt: skip
-        self.private_updates = None
-        if isinstance(privacy, UpdateDP):
-            blocks = [len(backend.reply_layout(phase).prefixes) for phase in backend.phases]
-            self.private_updates = PrivateUpdates(
-                privacy, site.name, state_dir, self.secret, blocks
-            )
+        self.privacy.attach(backend, self.batches, self.private_draws, training.local_steps)
         self._initial_sampler = self.batches.state_dict()
         self._local_state: dict[str, Any] | None = None  # the working state, in memory
         self._pending_tag: list[int] | None = None  # [round, phase] of the pending state
@@ -227,32 +212,31 @@ class Node:
 
     def train(self, broadcast: Broadcast) -> Reply:
         """Run the backend's local update and write the new state as pending before replying."""
-        updates = self.private_updates
-        for dp in (self.private_training, updates):
-            if dp is not None:
-                dp.check_open()  # a site whose budget is spent trains no more
+        privacy = self.privacy
+        run = self.run_record() if privacy.accounted else None
+        privacy.check_open(run)  # the setup of the run's first release; a budget not spent
         self._sync_local_state(broadcast)
         key = ""  # the release this update makes: everything that fixes its computation
-        if self.secret is not None:
+        if privacy.accounted:
             local = {"backend": self._local_state, "personal": self._personal}
-            key = release_key(
-                self.name, broadcast, self.batches.state_dict(), self._settings, local
-            )
+            # the run's setup and data, less its id (a name, not a computation)
+            fixed = {**run, "setup": {k: v for k, v in run["setup"].items() if k != "run_id"}}
+            settings = {**self._settings, "run": fixed}
+            key = release_key(self.name, broadcast, self.batches.state_dict(), settings, local)
         if self.trainable.is_minimax:
             self.trainable.loss.set_pos_ratio(broadcast.config["pos_ratio"])
-        reply, meter, images = self._update(broadcast, key)
+        reply, meter, images, log = self._update(broadcast, key)
         reply.site, reply.round, reply.phase = self.name, broadcast.round, broadcast.phase
         reply.num_examples = len(self.site.train)
         reply.trained_groups = self.trainable.trained_groups
-        if updates is not None:  # the state kept must match the reply that leaves
-            blocks = self.backend.reply_blocks(reply, broadcast)
-            try:  # counted in the site's ledger before it leaves, or not sent at all
-                sent = updates.release(reply, broadcast, blocks, key)
-            except Exception:
-                self._local_state, self._personal = None, {}  # back to what is on disk
-                raise
+        try:  # counted in the site's ledger before it leaves, or not sent at all
+            sent = privacy.release(reply, broadcast, key, log)
+        except Exception:
+            self._local_state, self._personal = None, {}  # back to what is on disk
+            raise
+        if privacy.changes_reply:  # the state kept must match the reply that leaves
             self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
-            reply = sent
+        reply = sent
         if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves
             reply = self._client().masked_reply(reply, broadcast, self.backend)
         reply.metrics = {**reply.metrics, **meter.metrics(images)}
@@ -269,15 +253,24 @@ class Node:
             self._local_state, self._personal = None, {}
         return reply
 
-    def _update(self, broadcast: Broadcast, key: str) -> tuple[Reply, Meter, int]:
+    def run_record(self) -> dict[str, Any]:
+        """What the run's releases are computed from besides each request: the setup and the
+        site data's digest (``data``: what a lifetime budget names the dataset by), hashed
+        once per node."""
+        if self._run is None:
+            self._run = {"setup": self.run_setup or {}, "data": site_data_digest(self.site)}
+        return self._run
+
+    def _update(self, broadcast: Broadcast, key: str) -> tuple[Reply, Meter, int, Any]:
         """The backend's local update on the node's device, measured; the reply and the new
-        local state come back fp32 on the CPU (what travels and what is saved)."""
-        private, compute = self.private_training, self.compute
+        local state come back fp32 on the CPU (what travels and what is saved), with the
+        privacy mechanism's log of what it drew."""
+        compute = self.compute
         batches = compute.batches(self.batches)
         on_device = dataclasses.replace(broadcast, tensors=compute.move(broadcast.tensors))
         local = compute.move(self._local_state)
         with (
-            private.update(self.trainable, key) if private else nullcontext() as log,
+            self.privacy.update(self.trainable, key) as log,
             compute.autocast(),
             Meter(compute.device) as meter,
         ):
@@ -291,13 +284,7 @@ class Node:
                 self._personal = to_host(personal)
         self._local_state = to_host(local)
         reply.tensors = to_host(reply.tensors)
-        if private is not None:
-            try:  # counted in the site's ledger before it leaves, or not sent at all
-                reply = private.release(reply, broadcast, log)
-            except Exception:
-                self._local_state, self._personal = None, {}  # back to what is on disk
-                raise
-        return reply, meter, batches.images
+        return reply, meter, batches.images, log
 
     def secure_step(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
         """Answer a step of secure aggregation (``fed_auc.privacy.secure``)."""

@@ -9,10 +9,11 @@ and over Flower.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from fed_auc.algorithms.personal import Personalization
-from fed_auc.data.base import SiteData
+from fed_auc.data.base import SiteData, check_name
 from fed_auc.node.compute import Compute
 
 SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
@@ -42,6 +43,13 @@ class NodeSetup:
     personalize: str | None = None
     personal_lambda: float = 1.0
     personal_lr_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_name(self.run_id, "run id")  # a single name: a node makes a folder of it
+
+    def state_dir(self, root: str | Path) -> Path:
+        """This run's state directory under a node's ``root``: always a folder of ``root``."""
+        return Path(root) / check_name(self.run_id, "run id")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

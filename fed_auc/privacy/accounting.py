@@ -18,10 +18,13 @@ full pass over the local split (FedSGDA's full gradients) is a Gaussian mechanis
 The ledger is a per-site, append-only file: a release is counted once, even if the
 coordinator later drops the reply or the node restarts, because the noisy update did leave
 the node. A release is keyed by everything that determines its computation (``release_key``:
-round, phase, the broadcast's tensors and config, the node's settings, the sampler's state
-and the local state); the same key reproduces the same bytes, so answering it again costs
-nothing and is not counted twice, while any other computation is a new key: fresh noise,
-charged as a new release (the same round asked again with other settings spends more ε).
+round, phase, the broadcast's tensors and config, the node's settings, the run's setup and
+its data's digest, the sampler's state and the local state); the same key reproduces the
+same bytes, so answering it again costs nothing and is not counted twice, while any other
+computation of the request is a new key: fresh noise, charged as a new release (the same
+round asked again with another broadcast spends more ε). The run's setup, its data and the
+ledger's δ are fixed at its first release (``run_setup``): a request that changes them is
+refused (``SetupChanged``), never re-keyed, and past releases keep the δ they were counted at.
 
 The noise itself is drawn from a secret only the node holds (``NodeSecret``): random bytes
 created once in its state directory, never sent, combined with the release key through
@@ -80,6 +83,13 @@ class BudgetSpent(NodeRefused):
     """The site's privacy budget does not allow another release: it stops training."""
 
     status = "budget_spent"
+
+
+class SetupChanged(NodeRefused):
+    """A request for a run that changes what its releases were computed from (its setup,
+    its data, or its ledger's δ): refused, never re-keyed or rewritten."""
+
+    status = "setup_changed"
 
 
 @dataclass(frozen=True)
@@ -254,6 +264,11 @@ class PrivacyLedger:
         self._epsilon: float | None = None
         if self.path.exists():
             saved = json.loads(self.path.read_text())
+            if saved["delta"] != delta:  # the releases made report their ε at their own δ
+                raise SetupChanged(
+                    f"{self.path}: this run's releases were counted at δ = {saved['delta']}; "
+                    f"a request at δ = {delta} is refused (δ is part of the ledger)"
+                )
             self.releases = saved["releases"]
             self.spent_at = saved.get("spent_at")
 

@@ -199,7 +199,7 @@ def test_a_site_whose_budget_is_spent_stops_and_says_so(tmp_path: Path) -> None:
     with pytest.raises(BudgetSpent, match="budget spent.*not sent.*stops training"):
         node.train(request)
     again = dp_node(tmp_path, target=2.0, planned=4)  # a restarted node remembers
-    assert again.private_training.ledger.epsilon() == pytest.approx(spent[1])
+    assert again.privacy.ledger.epsilon() == pytest.approx(spent[1])
     failure = LocalTransport([again]).train({"hospital_a": request})["hospital_a"]
     assert failure.status == "budget_spent" and "privacy budget spent" in failure.message
     assert (tmp_path / "node" / LEDGER_FILE).exists()

@@ -199,7 +199,7 @@ def request(round_: int, tensors: dict) -> Broadcast:
 def test_a_target_epsilon_calibrates_sigma_and_the_ledger_stops_the_site(tmp_path) -> None:
     dp = UpdateDP(clip=1.0, delta=DELTA, target_epsilon=4.0, rounds=2)
     node = update_node(tmp_path, dp)
-    sigma = node.private_updates.sigma  # the planner's: two releases spend the target
+    sigma = node.privacy.sigma  # the planner's: two releases spend the target
     assert site_level_epsilon(sigma, 2) == pytest.approx(4.0, rel=1e-3)
     assert site_level_epsilon(sigma, 2) <= 4.0 < site_level_epsilon(0.99 * sigma, 2)
     tensors = node.trainable.tensors()
@@ -210,7 +210,7 @@ def test_a_target_epsilon_calibrates_sigma_and_the_ledger_stops_the_site(tmp_pat
     with pytest.raises(BudgetSpent, match="budget spent.*not sent.*stops training"):
         node.train(request(2, tensors))
     again = update_node(tmp_path, dp)  # a restarted node remembers: its ledger is on disk
-    assert again.private_updates.ledger.epsilon() == pytest.approx(site_level_epsilon(sigma, 2))
+    assert again.privacy.ledger.epsilon() == pytest.approx(site_level_epsilon(sigma, 2))
     failure = LocalTransport([again]).train({"hospital_a": request(3, tensors)})["hospital_a"]
     assert failure.status == "budget_spent" and "spent at round 2" in failure.message
 

@@ -111,7 +111,7 @@ def test_a_personal_model_and_a_sites_own_local_steps_are_planned(tmp_path) -> N
     training = LocalTraining(TINY_GROUP, "auc_margin", batch_size=8, local_steps=7)
     backend = build_backend("local_sgda", local_steps=2)
     node = Node(tiny_site(), backend, training, tmp_path / "own", privacy=dp)
-    assert sum(m.count for m in node.private_training.plan) == 3 * 7  # its own τ_i
+    assert sum(m.count for m in node.privacy.plan) == 3 * 7  # its own τ_i
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fed_auc.data.base import SiteData
-from fed_auc.exchange import EvaluationRequest
+from fed_auc.exchange import EvaluationRequest, NodeRefused
 from fed_auc.node.build import build_node
 from fed_auc.node.host import NodeHost
 from fed_auc.node.report import site_report
@@ -54,7 +54,7 @@ class NodeWorker:
         split) is told in one line on this console, and raised for the error reply."""
         try:
             answer, answer_buffers = self._answer(header, buffers)
-        except ValueError as exc:  # the executor sends it back as the error reply
+        except (ValueError, NodeRefused) as exc:  # sent back as the error reply or refusal
             self.echo(f"{self.site.name}: refused a {header.get('kind')} request: {exc}")
             raise
         return {**answer, "cached": self._cache.tags()}, answer_buffers
@@ -100,7 +100,7 @@ class NodeWorker:
             log.info("%s: building the node for run %s", self.site.name, setup.run_id)
             hosting = self.site.hosting()
             node = build_node(
-                setup, self._site_data(setup), hosting, self.site.state_dir / setup.run_id
+                setup, self._site_data(setup), hosting, setup.state_dir(self.site.state_dir)
             )
             self.host.hosting = hosting
             self.host.serve(node)
