@@ -25,8 +25,9 @@ from fed_auc.privacy.secure import checks
 from fed_auc.privacy.secure.client import SecureClient
 from fed_auc.privacy.secure.messages import SecureAggregationError, b64
 from fed_auc.privacy.secure.server import SecureServer
-from fed_auc.simulation import run_simulation
+from fed_auc.simulation import resume_simulation, run_simulation
 from fed_auc.store.records import RoundRecord
+from fed_auc.store.run_store import RunStore
 from tests.support.flower_like import _over_worker, _site_files
 from tests.support.flower_like import _png_csv as png_csv
 from tests.support.secure_session import advertise
@@ -288,3 +289,30 @@ def test_sites_told_different_weights_cannot_open_each_others_shares():
         nodes["a"].mask(np.zeros(4, dtype=np.uint64), server.mask_config("a"))
     with pytest.raises(SecureAggregationError, match="fails authentication"):
         nodes["c"].mask(np.zeros(4, dtype=np.uint64), server.mask_config("c"))
+
+
+def test_a_resumed_run_does_not_ask_a_round_its_sites_already_masked(tmp_path, monkeypatch):
+    """The coordinator stops after the sites masked round 2 and before it unmasked it; the
+    resumed run asks round 2 again and the sites, rebuilt on their state directories, refuse
+    it by name: the round fails rather than give a second sum."""
+    original = SecureServer.unmask_requests
+
+    def crash(self, survivors):
+        if self.session.endswith(":1:train"):
+            raise RuntimeError("the coordinator stopped")
+        return original(self, survivors)
+
+    monkeypatch.setattr(SecureServer, "unmask_requests", crash)
+    runs = tmp_path / "sim"
+    config = ExperimentConfig(**{**SMALL, "rounds": 2}, sites=3, data_scale=0.15,
+                              runs_dir=str(runs))  # fmt: skip
+    with pytest.raises(RuntimeError, match="the coordinator stopped"):
+        run_simulation(config)
+    with RunStore(runs) as store:
+        run_id = store.runs().iloc[0]["id"]
+    monkeypatch.setattr(SecureServer, "unmask_requests", original)
+    with pytest.raises(FederationError, match="advertised keys"):
+        resume_simulation(runs, run_id)
+    with RunStore(runs) as store:
+        events = store.events(run_id)["message"]
+    assert events.str.contains("round 1 phase 'train' was already masked").sum() == 3
