@@ -151,6 +151,19 @@ def test_the_masked_rounds_survive_a_restart_in_a_private_file(tmp_path):
         restarted.handle("advertise", {**retry, "session": "round-four"})
 
 
+def test_a_coordinator_that_aborts_to_draw_another_graph_gets_few_draws(tmp_path):
+    """Each session of a round draws a new graph: after ``SESSIONS_PER_ROUND`` of them, even
+    across a restart, the node opens no more for that round."""
+    path = tmp_path / checks.LEDGER_FILE
+    message = SecureServer("run:5:train", ["a", "b", "c"], 2).advertise_requests()["a"]
+    for _ in range(checks.SESSIONS_PER_ROUND):
+        SecureClient("a", ledger=checks.SessionLedger(path)).handle("advertise", message)
+    restarted = SecureClient("a", ledger=checks.SessionLedger(path))
+    with pytest.raises(SecureAggregationError, match="already had 4 secure sessions"):
+        restarted.handle("advertise", message)
+    restarted.handle("advertise", {**message, "session": "run:5:collect"})  # another phase
+
+
 # -- weights ---------------------------------------------------------------------------------
 def _weighted(choose):
     def attack(run, phase, state, requests, rows, record, screen):

@@ -10,7 +10,8 @@ coordinator that asks cleverly (issue 36): it may learn one sum per round and ph
   is the one it is owed (its registered n as the coordinator weighs it), and none is below
   ``WEIGHT_FLOOR``, so (1, 0, 0, 0) cannot turn the sum into one site's value.
 - The graph seed (``nonce_commitment``, ``graph_seed``): a hash of every member's revealed
-  nonce, each committed before any was revealed, so no one chooses the layout alone.
+  nonce, each committed before any was revealed, so no one chooses the layout alone; a
+  coordinator that aborts sessions to draw again gets ``SESSIONS_PER_ROUND`` draws at most.
 - Survivors (``check_survivors``): the same survivor list for the whole session, which must
   keep the graph connected, or a split ring gives each group's sum.
 - Context (``context_digest``): what the node was told, bound into each share's associated
@@ -34,6 +35,7 @@ from fed_auc.privacy.secure.messages import SecureAggregationError
 LEDGER_FILE = "secure_sessions.json"
 WEIGHT_FLOOR = 2.0**-16  # the smallest share π_k = w_k / unit a node accepts for any site
 NONCE_BYTES = 32
+SESSIONS_PER_ROUND = 4  # sessions a node opens for one round and phase (a resume, a retry)
 
 
 class SessionLedger:
@@ -43,10 +45,12 @@ class SessionLedger:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._masked: dict[str, str] = {}  # "round:phase" → the session that masked it
+        self._opened: dict[str, int] = {}  # "round:phase" → sessions opened for it
         if path is not None and path.exists():
             try:
                 loaded = json.loads(path.read_text())
                 self._masked = dict(loaded["masked"])
+                self._opened = {k: int(v) for k, v in loaded["opened"].items()}
             except (ValueError, KeyError, TypeError):
                 raise SecureAggregationError(
                     f"secure session ledger {path} is unreadable: refusing every secure session "
@@ -74,13 +78,31 @@ class SessionLedger:
                 "over other sites would reveal the difference)"
             )
 
+    def open(self, session: str, where: str) -> None:
+        """Count a new session for its round, refused once the round was masked or had its
+        ``SESSIONS_PER_ROUND`` (each draws a new graph: no coordinator draws until it likes
+        one)."""
+        self.check_open(session, where)
+        round_, phase = self.round_phase(session, where)
+        opened = self._opened.get(f"{round_}:{phase}", 0)
+        if opened >= SESSIONS_PER_ROUND:
+            raise SecureAggregationError(
+                f"{where}: round {round_} phase {phase!r} already had {opened} secure sessions, "
+                f"the most a node opens for one round: refusing session {session!r}"
+            )
+        self._opened[f"{round_}:{phase}"] = opened + 1
+        self._save()
+
     def record(self, session: str, where: str) -> None:
         """Note ``session``'s round as masked, on disk before the masked vector leaves."""
         self.check_open(session, where)
         round_, phase = self.round_phase(session, where)
         self._masked[f"{round_}:{phase}"] = session
+        self._save()
+
+    def _save(self) -> None:
         if self.path is not None:
-            save_json({"masked": self._masked}, self.path)
+            save_json({"masked": self._masked, "opened": self._opened}, self.path)
 
 
 def check_weights(

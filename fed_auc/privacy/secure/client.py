@@ -105,8 +105,8 @@ class SecureClient:
                 f"{where}: threshold {threshold} must be in 2..{k + 1} (itself and {k} neighbours)"
             )
         name = require(message, "session", str, where)
-        self.ledger.check_open(name, where)
         weight = checks.check_weights(self.site, participants, message, self.owed_weight, where)
+        self.ledger.open(name, where)
         self._session = _Session(
             name=name,
             participants=list(participants),
