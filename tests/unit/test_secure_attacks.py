@@ -223,7 +223,7 @@ def test_a_coordinator_that_says_two_sites_dropped_to_split_the_ring_gets_no_sha
     assert len(refused) == 3  # every site asked
 
 
-def test_a_split_survivor_list_is_refused_by_the_node_before_any_share(monkeypatch):
+def test_a_split_survivor_list_is_refused_by_the_node_before_any_share():
     sites = [f"s{i}" for i in range(8)]
     nodes = {s: SecureClient(s, random.Random(s).randbytes) for s in sites}
     server = SecureServer("run:1:train", sites, 2, 2)
