@@ -1,12 +1,13 @@
 """One phase of a round under secure aggregation, for any transport.
 
 The coordinator's plain phase is: train → screen every reply → aggregate the replies. Here:
-advertise keys → share keys → train (each request carries the site's encrypted shares, the
-site masks its reply) → screen each reply's envelope and counts (its values are masked) →
-unmask the sum → ``Backend.aggregate_secure``. Every step goes through the transport's
-``secure(step, messages)`` or ``train(requests)``, so in-process and Flower runs execute the
-same code and record the same rows. A site that fails a step is left out of the next ones
-(its row and an event say so); fewer than the threshold at any step fails the round with
+advertise keys (with the weights the sites check) → reveal the graph nonces → share keys →
+train (each request carries the site's encrypted shares, the site masks its reply) → screen
+each reply's envelope and counts (its values are masked) → unmask the sum →
+``Backend.aggregate_secure``. Every step goes through the transport's ``secure(step,
+messages)`` or ``train(requests)``, so in-process and Flower runs execute the same code and
+record the same rows. A site that fails a step is left out of the next ones (its row and an
+event say so); fewer than the threshold at any step fails the round with
 ``SecureAggregationError`` before anything is recorded.
 """
 
@@ -153,9 +154,12 @@ class SecurePhase:
             sites,
             self.settings.threshold_for(sites),
             self.settings.neighbours_for(sites),
+            {site: self.weights[site] for site in sites},
+            self.unit,
         )
         answers = self._step("advertise", server.advertise_requests(), rows, record, phase)
         self._events(server.collect_keys(answers), record, phase)
+        server.collect_reveals(self._step("reveal", server.reveal_requests(), rows, record, phase))
         answers = self._step("share", server.share_requests(), rows, record, phase)
         self._events(server.collect_shares(answers), record, phase)
         masked_requests = {}

@@ -292,9 +292,12 @@ class Node:
 
     def _client(self):
         if self._secure is None:  # the cryptography libraries load only when asked for
+            from fed_auc.privacy.secure.checks import LEDGER_FILE, SessionLedger
             from fed_auc.privacy.secure.client import SecureClient
 
-            self._secure = SecureClient(self.name)
+            ledger = SessionLedger(self.state_path.parent / LEDGER_FILE)
+            owed = self.backend.site_weight(len(self.site.train))
+            self._secure = SecureClient(self.name, owed_weight=owed, ledger=ledger)
         return self._secure
 
     def _sync_local_state(self, broadcast: Broadcast) -> None:

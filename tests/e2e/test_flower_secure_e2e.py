@@ -7,6 +7,7 @@ exported model and the rows the store keeps, protocol bytes included, no per-sit
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
+from fed_auc.privacy.secure.checks import LEDGER_FILE as SESSIONS_FILE
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.processes import free_port
@@ -74,3 +76,9 @@ def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(t
     with RunStore(tmp_path / "flower") as store:
         assert store.run(summary["run_id"])["config"]["secure_aggregation"] is True
     assert not events["level"].eq("error").any()
+    for name in ("north", "south", "east"):  # each node kept the rounds it masked, privately
+        ledger = tmp_path / "state" / name / summary["run_id"] / SESSIONS_FILE
+        assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
+        masked = json.loads(ledger.read_text())["masked"]
+        assert {key.split(":")[0] for key in masked} == {"0", "1"}
+        assert all(session.startswith(f"{summary['run_id']}:") for session in masked.values())

@@ -73,6 +73,15 @@ class FlowerLikeTransport:
             for site, b in requests.items()
         }
 
+    def secure(self, step, messages):
+        """One step of secure aggregation at each site, as ``FlowerTransport.secure``."""
+        out = {}
+        for site, message in messages.items():
+            header = {"kind": "secure", "setup": self.setup, "step": step, "message": message}
+            answer = self._ask(site, (header, []))
+            out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["answer"]
+        return out
+
     def evaluate(self, sites, tensors, pooled=True, thresholds=None):
         header = {"kind": "evaluate", "setup": self.setup, "pooled": pooled}
         if thresholds is not None:  # as FlowerTransport.evaluate: bins around the threshold

@@ -24,6 +24,7 @@ from fed_auc.privacy.secure.encoding import MASKED, Entry, encode_reply, from_fi
 from fed_auc.privacy.secure.graph import neighbour_count, neighbourhoods
 from fed_auc.privacy.secure.messages import CONFIG_KEY, SecureAggregationError, b64
 from fed_auc.privacy.secure.server import SecureServer
+from tests.support.secure_session import advertise
 
 
 def clients(sites, seed=0):
@@ -37,9 +38,8 @@ def run_session(
     ``neighbours``: k of SecAgg+'s graph (None: the full graph), laid out by a fixed seed."""
     sites = list(vectors)
     nodes = clients(sites, seed)
-    server = SecureServer("run:1:train", sites, threshold, neighbours, f"graph:{seed}".encode())
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", sites, threshold, neighbours)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     masked = {
@@ -107,9 +107,9 @@ def test_below_the_threshold_of_unmasking_shares_the_session_fails_by_name():
 
 def test_one_site_alone_is_never_aggregated_securely():
     with pytest.raises(SecureAggregationError, match="at least 2 sites"):
-        SecureServer("s", ["a"], 1)
+        SecureServer("run:1:train", ["a"], 1)
     with pytest.raises(SecureAggregationError, match="threshold must be in 2..3"):
-        SecureServer("s", ["a", "b", "c"], 1)
+        SecureServer("run:1:train", ["a", "b", "c"], 1)
 
 
 def test_a_single_sites_masked_vector_is_uniform_over_the_field():
@@ -139,23 +139,23 @@ def uniformity(words: np.ndarray) -> tuple[float, float, float]:
 def test_an_honest_site_never_reveals_both_secrets_of_one_site():
     vectors = random_vectors(SITES[:3])
     nodes = clients(SITES[:3])
-    server = SecureServer("s", SITES[:3], 2)
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", SITES[:3], 2)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     for s in SITES[:3]:
         nodes[s].mask(vectors[s], server.mask_config(s))
-    greedy = {"session": "s", "survivors": ["a", "b", "c"], "dropped": ["c"]}
-    with pytest.raises(SecureAggregationError, match="disjoint"):
+    greedy = {"session": "run:1:train", "survivors": ["a", "b", "c", "c"]}
+    with pytest.raises(SecureAggregationError, match="distinct"):
         nodes["a"].handle("unmask", greedy)
+    answer = nodes["a"].handle("unmask", {"session": "run:1:train", "survivors": ["a", "b"]})
+    assert set(answer["b_shares"]) == {"a", "b"} and set(answer["sk_shares"]) == {"c"}
 
 
 def test_a_share_altered_on_the_way_fails_authentication():
     nodes = clients(SITES[:3])
-    server = SecureServer("s", SITES[:3], 2)
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", SITES[:3], 2)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     config = server.mask_config("a")
@@ -168,10 +168,11 @@ def test_a_step_out_of_order_or_of_another_session_is_refused():
     node = clients(["a"])["a"]
     with pytest.raises(SecureAggregationError, match="no open session"):
         node.handle("share", {"session": "x", "keys": {}})
-    node.handle("advertise", {"session": "x", "participants": ["a", "b"], "threshold": 2,
-                              "neighbours": 1, "graph_seed": b64(b"graph")})  # fmt: skip
+    node.handle("advertise", {"session": "x:1:train", "participants": ["a", "b"],
+                              "threshold": 2, "neighbours": 1, "weights": {"a": 1.0, "b": 1.0},
+                              "unit": 1.0})  # fmt: skip
     with pytest.raises(SecureAggregationError, match="at 'advertised', expected 'masked'"):
-        node.handle("unmask", {"session": "x", "survivors": [], "dropped": []})
+        node.handle("unmask", {"session": "x:1:train", "survivors": []})
 
 
 def test_fixed_point_encoding_is_within_its_bound_and_refuses_what_cannot_be_summed():
@@ -255,9 +256,8 @@ def test_below_the_threshold_among_a_dropped_sites_neighbours_the_session_fails_
 
 def test_the_server_cannot_make_a_site_share_with_a_non_neighbour():
     nodes = clients(MANY)
-    server = SecureServer("s", MANY, 2, 2, b"seed")
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", MANY, 2, 2)
+    advertise(server, nodes)
     stranger = next(s for s in MANY if s != "s00" and s not in server.neighbours["s00"])
     message = server.share_requests()["s00"]
     keys = {s: [b64(c), b64(p)] for s, (c, p) in server.keys.items()}
@@ -284,9 +284,8 @@ def masked_replies(sites, value, neighbours, threshold):
     """Each site's ``masked_reply`` of one tensor filled with ``value`` (weight 1), on
     SecAgg+'s graph: the masked vectors, or the error of each site that refused."""
     nodes = clients(sites)
-    server = SecureServer("run:1:train", sites, threshold, neighbours, b"graph:0")
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", sites, threshold, neighbours)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     masked, refused = {}, {}
@@ -331,9 +330,8 @@ def sealed_session(sites, threshold, neighbours=None):
     """A session up to the survivors' unmasking answers (every site masks and answers)."""
     vectors = random_vectors(sites, length=8)
     nodes = clients(sites)
-    server = SecureServer("run:1:train", sites, threshold, neighbours, b"graph:0")
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", sites, threshold, neighbours)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     masked = {s: nodes[s].mask(vectors[s], server.mask_config(s)) for s in sites}
@@ -386,9 +384,8 @@ def test_a_relayed_share_that_is_not_the_committed_one_is_refused_by_its_holder(
     """The holder checks each decrypted share against its owner's commitment before masking,
     so a share that cannot be used later never enters a session silently."""
     nodes = clients(SITES[:3])
-    server = SecureServer("s", SITES[:3], 2)
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", SITES[:3], 2)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     config = server.mask_config("a")
@@ -397,7 +394,7 @@ def test_a_relayed_share_that_is_not_the_committed_one_is_refused_by_its_holder(
         nodes["a"].mask(np.zeros(4, dtype=np.uint64), config)
 
 
-def ring_order(sites, seed=b"graph:0"):
+def ring_order(sites, seed):
     order = list(sites)
     random.Random(seed).shuffle(order)  # the layout ``neighbourhoods`` draws from the seed
     return order
@@ -408,8 +405,8 @@ def test_a_survivor_graph_split_by_dropouts_is_never_unmasked(monkeypatch):
     survivors with no pairwise mask between them: unmasking would give the server each arc's
     sum. The server refuses before it asks for a share, and never combines a secret or
     removes a mask; one pair lost leaves one arc, which is recovered exactly."""
-    order = ring_order(MANY)
     vectors = random_vectors(MANY)
+    order = ring_order(MANY, run_session(vectors, threshold=3, neighbours=4)[0].graph_seed)
     server, _, total = run_session(vectors, threshold=3, neighbours=4,
                                    lost_before_mask={order[0], order[1]})  # fmt: skip
     assert sorted(server.neighbours[order[2]]) == sorted([order[0], order[1], order[3], order[4]])
@@ -423,9 +420,8 @@ def test_a_survivor_graph_split_by_dropouts_is_never_unmasked(monkeypatch):
     with pytest.raises(SecureAggregationError, match=split):
         run_session(vectors, threshold=3, neighbours=4, lost_before_mask=lost)
     nodes = clients(MANY)  # and the server's unmask itself refuses such survivors
-    server = SecureServer("run:1:train", MANY, 3, 4, b"graph:0")
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    server = SecureServer("run:1:train", MANY, 3, 4)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     masked = {s: vectors[s] for s in MANY if s not in lost}  # what it would hold

@@ -24,6 +24,7 @@ from fed_auc.privacy.secure.encoding import MASKED, SecureSum, site_weights_for,
 from fed_auc.privacy.secure.messages import CONFIG_KEY
 from fed_auc.privacy.secure.server import SecureServer
 from fed_auc.trainable import Trainable
+from tests.support.secure_session import advertise
 
 SIZES = {"site0": 40, "site1": 25, "site2": 10}
 
@@ -51,10 +52,16 @@ def secure_total(backend, broadcasts, replies, registrations):
     """The protocol end to end, in-process: what the server learns."""
     weights, unit = site_weights_for(backend, registrations)
     sites = list(replies)
-    nodes = {s: SecureClient(s, random.Random(s).randbytes) for s in sites}
-    server = SecureServer("test", sites, 2)
-    server.collect_keys({s: nodes[s].handle("advertise", m)
-                         for s, m in server.advertise_requests().items()})  # fmt: skip
+    nodes = {
+        s: SecureClient(
+            s, random.Random(s).randbytes, backend.site_weight(int(registrations[s]["n"]))
+        )
+        for s in sites
+    }
+    first = next(iter(broadcasts.values()))
+    name = f"run:{first.round}:{first.phase}"  # what the node checks against the request
+    server = SecureServer(name, sites, 2, None, weights, unit)
+    advertise(server, nodes)
     server.collect_shares({s: nodes[s].handle("share", m)
                            for s, m in server.share_requests().items()})  # fmt: skip
     masked = {}

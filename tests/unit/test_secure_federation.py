@@ -165,7 +165,9 @@ def test_on_a_sparse_graph_too_few_neighbours_of_a_dropped_site_fail_the_round_c
     original = Node.secure_step
 
     def neighbour_fails(self, step, message):
-        if step == "unmask" and lost in message["dropped"]:
+        # the survivors are the whole session's: its neighbours are those that masked with it
+        told_dropped = step == "unmask" and lost not in message["survivors"]
+        if told_dropped and lost in self._client()._session.masked_with:
             raise ConnectionError(f"{self.name} lost its network")
         return original(self, step, message)
 

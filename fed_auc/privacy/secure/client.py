@@ -2,7 +2,10 @@
 
 One ``SecureClient`` per node holds one session at a time in memory (a node that restarts
 mid-session has dropped out of it, which the protocol survives). Keys are fresh for every
-session: revealing a dropped site's mask key in one round reveals nothing of another.
+session: revealing a dropped site's mask key in one round reveals nothing of another. Before
+anything leaves, the node checks what it is told (``checks``): one masked session per round
+and phase, its own weight, a graph seed it helped draw, survivors that keep the graph
+connected; every share's associated data binds what it was told.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from cryptography.exceptions import InvalidTag
 
 from fed_auc.algorithms.base import Backend
 from fed_auc.exchange import Broadcast, Reply
-from fed_auc.privacy.secure import crypto
+from fed_auc.privacy.secure import checks, crypto
 from fed_auc.privacy.secure.encoding import MASKED, encode_reply, vector_layout
 from fed_auc.privacy.secure.graph import neighbour_count, neighbourhoods
 from fed_auc.privacy.secure.messages import (
@@ -39,9 +42,17 @@ class _Session:
     name: str
     participants: list[str]
     threshold: int
-    neighbours: set[str]  # on SecAgg+'s graph: the only sites this one masks and shares with
+    k: int
+    weight: float  # this site's π, checked at advertise
+    advertised: dict[str, Any]  # the advertise message, bound into the shares' AAD
     share_key: Any  # X25519 private key for encrypting shares (c_sk)
     mask_key: Any  # X25519 private key for pairwise masks (s_sk)
+    nonce: bytes  # this site's part of the graph seed, committed at advertise
+    commitments: dict[str, bytes] = field(default_factory=dict)  # members' nonce commitments
+    members: list[str] = field(default_factory=list)  # the sites that committed, in order
+    graph: dict[str, list[str]] = field(default_factory=dict)  # members → their neighbours
+    neighbours: set[str] = field(default_factory=set)  # the sites this one masks/shares with
+    context: bytes = b""  # ``checks.context_digest``: in every share's associated data
     keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # U1: (c_pk, s_pk)
     seed: bytes = b""  # self-mask seed b
     own_shares: tuple[bytes, bytes] = (b"", b"")
@@ -53,15 +64,27 @@ class _Session:
 class SecureClient:
     """``handle(step, message)`` answers advertise/share/unmask; ``mask`` masks a vector."""
 
-    def __init__(self, site: str, random_bytes: Callable[[int], bytes] = os.urandom) -> None:
-        """``random_bytes``: the source of keys and seeds (tests seed it; nodes use the OS)."""
+    def __init__(
+        self,
+        site: str,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        owed_weight: float = 1.0,
+        ledger: checks.SessionLedger | None = None,
+    ) -> None:
+        """``random_bytes``: the source of keys and seeds (tests seed it; nodes use the OS).
+        ``owed_weight``: this site's w_k (``Backend.site_weight`` of its n). ``ledger``: the
+        rounds already masked (None: in memory only)."""
         self.site = site
         self._random = random_bytes
+        self.owed_weight = owed_weight
+        self.ledger = ledger or checks.SessionLedger(None)
         self._session: _Session | None = None
 
     def handle(self, step: str, message: Mapping[str, Any]) -> dict[str, Any]:
         if step == "advertise":
             return self._advertise(message)
+        if step == "reveal":
+            return self._reveal(message)
         if step == "share":
             return self._share(message)
         if step == "unmask":
@@ -81,25 +104,57 @@ class SecureClient:
             raise SecureAggregationError(
                 f"{where}: threshold {threshold} must be in 2..{k + 1} (itself and {k} neighbours)"
             )
-        seed = unb64(require(message, "graph_seed", str, where), f"{where}: graph_seed")
+        name = require(message, "session", str, where)
+        weight = checks.check_weights(self.site, participants, message, self.owed_weight, where)
+        self.ledger.open(name, where)
         self._session = _Session(
-            name=require(message, "session", str, where),
+            name=name,
             participants=list(participants),
             threshold=threshold,
-            neighbours=set(neighbourhoods(participants, k, seed)[self.site]),
+            k=k,
+            weight=weight,
+            advertised={**message, "neighbours": k},
             share_key=crypto.private_key(self._random(crypto.KEY_BYTES)),
             mask_key=crypto.private_key(self._random(crypto.KEY_BYTES)),
+            nonce=self._random(checks.NONCE_BYTES),
         )
         return {
             "c_pk": b64(crypto.public_bytes(self._session.share_key)),
             "s_pk": b64(crypto.public_bytes(self._session.mask_key)),
+            "commitment": b64(checks.nonce_commitment(name, self.site, self._session.nonce)),
         }
 
+    def _reveal(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """This site's graph nonce, once it holds every member's commitment."""
+        session = self._current(message, "advertised", "reveal")
+        where = f"site {self.site!r}, reveal"
+        texts = require(message, "commitments", dict, where)
+        members = [s for s in session.participants if s in texts]
+        if len(members) != len(texts) or len(members) < session.threshold:
+            raise SecureAggregationError(
+                f"{where}: commitments of {sorted(texts)} do not fit the session's participants "
+                f"and threshold {session.threshold}"
+            )
+        commitments = {s: unb64(texts[s], f"{where}: commitment of {s}") for s in members}
+        own = checks.nonce_commitment(session.name, self.site, session.nonce)
+        if commitments.get(self.site) != own:
+            raise SecureAggregationError(f"{where}: the server relayed another commitment as ours")
+        session.commitments, session.members = commitments, members
+        session.stage = "committed"
+        return {"nonce": b64(session.nonce)}
+
     def _share(self, message: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._current(message, "advertised", "share")
+        session = self._current(message, "committed", "share")
         where = f"site {self.site!r}, share"
+        texts = require(message, "reveals", dict, where)
+        reveals = {s: unb64(t, f"{where}: nonce of {s}") for s, t in texts.items()}
+        checks.check_reveals(session.name, session.commitments, reveals, where)
+        seed = checks.graph_seed(session.name, session.members, reveals)
+        session.graph = neighbourhoods(session.members, session.k, seed)
+        session.neighbours = set(session.graph[self.site])
+        session.context = checks.context_digest(session.advertised, session.members, seed)
         keys = require(message, "keys", dict, where)
-        order = [s for s in session.participants if s in keys]
+        order = [s for s in session.members if s in keys]
         if len(order) != len(keys) or self.site not in keys:
             raise SecureAggregationError(f"{where}: keys of {sorted(keys)} do not fit the session")
         strangers = set(order) - session.neighbours - {self.site}
@@ -145,8 +200,9 @@ class SecureClient:
             key = crypto.shared_key(session.share_key, session.keys[site][0], crypto.SHARE_INFO)
             nonce = self._random(crypto.NONCE_BYTES)
             sealed = crypto.encrypt(
-                key, nonce, pack_shares(*pair), associated(session.name, self.site, site)
-            )
+                key, nonce, pack_shares(*pair),
+                associated(session.name, self.site, site, session.context),
+            )  # fmt: skip
             out[site] = b64(sealed)
         session.stage = "shared"
         return {
@@ -164,6 +220,15 @@ class SecureClient:
         weight = require(config, "weight", float, where)
         excluded = require(config, "excluded", list, where)
         session = self._current(config, "shared", "mask")
+        if weight != session.weight:
+            raise SecureAggregationError(
+                f"{where}: weight {weight!r}, not the {session.weight!r} advertised: refusing"
+            )
+        if self.ledger.round_phase(session.name, where) != (broadcast.round, broadcast.phase):
+            raise SecureAggregationError(
+                f"{where}: session {session.name!r} does not name round {broadcast.round} "
+                f"phase {broadcast.phase!r} of the request: refusing"
+            )
         completed = backend.complete_reply(reply, broadcast)
         layout = vector_layout(backend, broadcast, excluded)
         # The server sums up to every sampled site of the session, not only this site's
@@ -194,7 +259,7 @@ class SecureClient:
             try:
                 plain = crypto.decrypt(
                     key, unb64(sealed, f"{where}: share of {site}"),
-                    associated(session.name, site, self.site),
+                    associated(session.name, site, self.site, session.context),
                 )  # fmt: skip
             except (InvalidTag, ValueError):  # altered, or too short to hold a nonce and tag
                 raise SecureAggregationError(
@@ -219,6 +284,7 @@ class SecureClient:
                 continue
             pairwise = crypto.mask(self.pair_seed(session, site), len(words))
             masked = masked + pairwise if position < index else masked - pairwise
+        self.ledger.record(session.name, where)  # on disk before the vector leaves
         session.masked_with = group
         session.stage = "masked"
         return masked
@@ -232,19 +298,14 @@ class SecureClient:
     def _unmask(self, message: Mapping[str, Any]) -> dict[str, Any]:
         session = self._current(message, "masked", "unmask")
         where = f"site {self.site!r}, unmask"
-        survivors = require(message, "survivors", list, where)
-        dropped = require(message, "dropped", list, where)
-        group = set(session.masked_with)
-        if set(survivors) & set(dropped) or not set(survivors) | set(dropped) <= group:
-            raise SecureAggregationError(
-                f"{where}: survivors {survivors} and dropped {dropped} must be disjoint parts of "
-                f"the sites that shared keys; refusing (both shares of a site reveal its vector)"
-            )
-        if self.site not in survivors or len(survivors) < session.threshold:
-            raise SecureAggregationError(
-                f"{where}: {len(survivors)} survivors, fewer than the threshold "
-                f"{session.threshold} (or this site is not among them)"
-            )
+        everyone = checks.check_survivors(
+            self.site, message.get("survivors"), session.members, session.graph,
+            session.threshold, where,
+        )  # fmt: skip
+        # one list for the whole session: this site's neighbours in it survived, the others
+        # that masked with it dropped (never both shares of one site)
+        survivors = [s for s in session.masked_with if s in everyone]
+        dropped = [s for s in session.masked_with if s not in everyone]
         shares = {**session.received, self.site: session.own_shares}
         self._session = None  # each session unmasks once
         return {

@@ -4,10 +4,10 @@ Each sampled site masks pairwise only with its k neighbours and shares its secre
 them, so a site's work and messages grow with k = O(log n) instead of n. The graph is a
 Harary-style ring, as Flower's ``SecAggPlusWorkflow`` builds it: the sites in an order
 shuffled by the session's graph seed, each joined to the k/2 before and after it (k even), so
-it is k-regular and k-connected. The server draws the seed for each session and every site
-rebuilds the graph from it, so all hold the same one. With k ≥ n − 1 it is the full graph
-(plain SecAgg). The seed only needs to be unpredictable to the sites before they are sampled:
-the server learns the graph anyway, and the protocol is for an honest-but-curious server.
+it is k-regular and k-connected. The seed is a hash of a nonce from every site of the
+session, each committed before any is revealed (``checks``), and every site rebuilds the
+graph from it, so all hold the same one and no one, the server included, chose it. With
+k ≥ n − 1 it is the full graph (plain SecAgg).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The protocol's messages as JSON-able dicts, so any transport can carry them.
 
 Steps of one session (one phase of one round), after Bonawitz et al. (CCS 2017) and Bell et
-al.'s SecAgg+ (CCS 2020), as Flower's ``secaggplus`` workflow names them:
-``advertise`` (each site's two fresh public keys; the session's graph of neighbours) →
-``share`` (each site's Shamir shares of its self-mask seed and mask key, encrypted to each
-of its neighbours) → ``mask`` (carried by the train
-request: the site trains, then sends its masked vector) → ``unmask`` (each survivor sends the
-shares it holds that the server needs: self-mask seeds of its neighbours whose vectors
-arrived, mask keys of those that dropped after sharing, never both of one site).
+al.'s SecAgg+ (CCS 2020), as Flower's ``secaggplus`` workflow names them: ``advertise`` (each
+site's two fresh public keys and a commitment to a graph nonce; the weights) → ``reveal``
+(once every commitment is out, each site's nonce: the graph seed is a hash of them all) →
+``share`` (each site's Shamir shares of its self-mask seed and mask key, encrypted to each of
+its neighbours) → ``mask`` (carried by the train request: the site trains, then sends its
+masked vector) → ``unmask`` (each survivor sends the shares it holds that the server needs:
+self-mask seeds of its neighbours whose vectors arrived, mask keys of those that dropped after
+sharing, never both of one site).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-STEPS = ("advertise", "share", "unmask")  # the fourth, mask, travels in the train request
+STEPS = ("advertise", "reveal", "share", "unmask")  # mask travels in the train request
 CONFIG_KEY = "secure_aggregation"  # the train request's config entry
 
 
@@ -51,9 +52,10 @@ def require(message: Mapping[str, Any], key: str, kind: type, where: str) -> Any
     return value
 
 
-def associated(session: str, source: str, destination: str) -> bytes:
-    """What an encrypted share is bound to: its session and its pair of sites."""
-    return f"{session}\x00{source}\x00{destination}".encode()
+def associated(session: str, source: str, destination: str, context: bytes) -> bytes:
+    """What an encrypted share is bound to: its session, its pair of sites and the digest of
+    everything the pair was told of the session (``checks.context_digest``)."""
+    return f"{session}\x00{source}\x00{destination}\x00".encode() + context
 
 
 def pack_shares(seed_share: bytes, key_share: bytes) -> bytes:

@@ -23,13 +23,12 @@ the answers (a failed site's answer is simply absent).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from fed_auc.privacy.secure import crypto
+from fed_auc.privacy.secure import checks, crypto
 from fed_auc.privacy.secure.graph import components, neighbour_count, neighbourhoods
 from fed_auc.privacy.secure.messages import SecureAggregationError, b64, require, unb64
 
@@ -49,11 +48,13 @@ class SecureServer:
         participants: Sequence[str],
         threshold: int,
         neighbours: int | None = None,
-        graph_seed: bytes | None = None,
+        weights: Mapping[str, float] | None = None,
+        unit: float = 1.0,
     ) -> None:
         """``neighbours``: k of SecAgg+'s graph (None: the full graph); ``threshold``: shares
-        that rebuild a site's secrets, at most k + 1 (its neighbourhood); ``graph_seed``: the
-        graph's layout (None: fresh random bytes)."""
+        that rebuild a site's secrets, at most k + 1 (its neighbourhood); ``weights``: each
+        participant's π (None: 1 each) and ``unit``, sent at advertise for the sites to check.
+        The graph's seed is drawn by the sites (``reveal``), never by the server."""
         if len(participants) < 2:
             raise SecureAggregationError(
                 f"secure aggregation needs at least 2 sites per round, got {list(participants)}"
@@ -68,9 +69,13 @@ class SecureServer:
         self.session = session
         self.participants = list(participants)
         self.threshold = threshold
-        self.graph_seed = os.urandom(16) if graph_seed is None else graph_seed
-        self.neighbours = neighbourhoods(self.participants, self.k, self.graph_seed)
+        self.weights = dict.fromkeys(self.participants, 1.0) if weights is None else dict(weights)
+        self.unit = unit
+        self.graph_seed = b""  # known once every member revealed its nonce
+        self.neighbours: dict[str, list[str]] = {}
         self.keys: dict[str, tuple[bytes, bytes]] = {}  # U1: (c_pk, s_pk)
+        self.commitments_of_nonces: dict[str, str] = {}  # U1: each site's graph nonce's
+        self.reveals: dict[str, str] = {}
         self.mailbox: dict[str, dict[str, str]] = {}  # destination → source → ciphertext
         self.sharers: list[str] = []  # U2
         # owner → holder → (seed, key) share commitments; owner → its seed's commitment
@@ -85,7 +90,8 @@ class SecureServer:
             "participants": self.participants,
             "threshold": self.threshold,
             "neighbours": self.k,
-            "graph_seed": b64(self.graph_seed),
+            "weights": {site: self.weights[site] for site in self.participants},
+            "unit": self.unit,
         }
         return {site: message for site in self.participants}
 
@@ -97,21 +103,55 @@ class SecureServer:
                 continue
             try:
                 where = f"site {site!r}, advertise answer"
-                self.keys[site] = (
+                keys = (
                     unb64(require(answers[site], "c_pk", str, where), f"{where}: c_pk"),
                     unb64(require(answers[site], "s_pk", str, where), f"{where}: s_pk"),
                 )
+                commitment = require(answers[site], "commitment", str, where)
+                self._digests([commitment], 1, f"{where}: commitment")
             except SecureAggregationError as exc:
                 problems.append(str(exc))
+                continue
+            self.keys[site] = keys
+            self.commitments_of_nonces[site] = commitment
         self._enough(list(self.keys), "advertised keys")
         return problems
 
-    # -- step 2 -----------------------------------------------------------------------------
+    # -- step 2: the graph seed, drawn by the members ------------------------------------------
+    def reveal_requests(self) -> dict[str, dict[str, Any]]:
+        """Every member gets every member's commitment, then reveals its nonce."""
+        message = {"session": self.session, "commitments": self.commitments_of_nonces}
+        return {site: message for site in self.keys}
+
+    def collect_reveals(self, answers: Mapping[str, Any]) -> None:
+        """The graph from every member's nonce; a member that does not reveal the nonce it
+        committed to fails the session (the others refuse a seed it did not help draw)."""
+        reveals = {}
+        for site in self.keys:
+            where = f"site {site!r}, reveal answer"
+            if site not in answers:
+                raise SecureAggregationError(
+                    f"secure aggregation of session {self.session}: {site!r} did not reveal "
+                    "its graph nonce: the graph seed cannot be drawn"
+                )
+            reveals[site] = unb64(require(answers[site], "nonce", str, where), where)
+        commitments = {s: unb64(c, s) for s, c in self.commitments_of_nonces.items()}
+        checks.check_reveals(self.session, commitments, reveals, "secure aggregation")
+        members = list(self.keys)
+        self.reveals = {s: b64(n) for s, n in reveals.items()}
+        self.graph_seed = checks.graph_seed(self.session, members, reveals)
+        self.neighbours = neighbourhoods(members, self.k, self.graph_seed)
+
+    # -- step 3 -----------------------------------------------------------------------------
     def share_requests(self) -> dict[str, dict[str, Any]]:
         """Each site gets its own keys and its neighbours' (those that advertised)."""
         keys = {site: [b64(c), b64(s)] for site, (c, s) in self.keys.items()}
         return {
-            site: {"session": self.session, "keys": {s: keys[s] for s in self._group(site)}}
+            site: {
+                "session": self.session,
+                "reveals": self.reveals,
+                "keys": {s: keys[s] for s in self._group(site)},
+            }
             for site in self.keys
         }
 
@@ -155,29 +195,21 @@ class SecureServer:
         self._enough(self.sharers, "shared keys")
         return problems
 
-    # -- step 3 (in the train request) --------------------------------------------------------
+    # -- step 4 (in the train request) --------------------------------------------------------
     def mask_config(self, site: str) -> dict[str, Any]:
         """The train request's ``secure_aggregation`` entry for ``site`` (one of U2)."""
         shares = {s: c for s, c in self.mailbox.get(site, {}).items() if s in self.sharers}
         commitments = {s: [b64(d) for d in self.commitments[s][site]] for s in shares}
         return {"session": self.session, "shares": shares, "commitments": commitments}
 
-    # -- step 4 -----------------------------------------------------------------------------
+    # -- step 5 -----------------------------------------------------------------------------
     def unmask_requests(self, survivors: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Each survivor is asked for the shares it holds: its neighbourhood's survivors'
         seeds and dropped sites' mask keys."""
         survivors = [s for s in self.sharers if s in survivors]
         self._enough(survivors, "sent a valid masked vector")
         self._connected(survivors)
-        out = {}
-        for site in survivors:
-            group = self._group(site, self.sharers)
-            out[site] = {
-                "session": self.session,
-                "survivors": [s for s in group if s in survivors],
-                "dropped": [s for s in group if s not in survivors],
-            }
-        return out
+        return {site: {"session": self.session, "survivors": survivors} for site in survivors}
 
     def unmask(self, masked: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> np.ndarray:
         """Σ_k x_k mod 2^64 over the sites of ``masked`` (the survivors), from the survivors'
