@@ -44,7 +44,8 @@ class NodeHost:
         self.hosting = hosting
         self.echo = echo
         self.guard = PolicyGuard(hosting.policy, hosting.name, echo, self_approved)
-        self.run_id: str | None = None  # the run last admitted
+        self.run_id: str | None = None  # the run last admitted, and its experiment
+        self.setup: NodeSetup | None = None
         self.node: Node | None = None
         self._latest: tuple[int, int] | None = None  # (round, phase index) of the last train
         if node is not None:
@@ -54,7 +55,7 @@ class NodeHost:
         """Check a run's experiment against the policy before its node is built or serves
         (``PolicyRefused`` / ``NotApproved`` otherwise); ``run_dir``: its local state."""
         self.guard.admit(setup, data, Path(run_dir))
-        self.run_id = setup.run_id
+        self.run_id, self.setup = setup.run_id, setup
 
     def serve(self, node: Node) -> None:
         """Answer for ``node`` from now on (a new run, or the same run after a restart)."""
@@ -90,7 +91,7 @@ class NodeHost:
         while the transport delivered it) is refused: it must not overwrite the later reply's
         pending state. The site's own τ_i (its file) wins over the one asked for."""
         node = self._current()
-        self.guard.train(broadcast)
+        self.guard.train(broadcast, self.setup)
         position = (broadcast.round, node.backend.phases.index(broadcast.phase))
         if self._latest is not None and position < self._latest:
             raise ValueError(f"stale request for round {broadcast.round + 1}: already past it")
@@ -112,6 +113,8 @@ class NodeHost:
 
     def secure(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
         """One step of secure aggregation (``fed_auc.privacy.secure``)."""
+        if self.setup is not None:
+            self.guard.approved(self.setup, "secure")
         return self._current().secure_step(step, message)
 
     def evaluate(

@@ -192,31 +192,35 @@ def test_a_small_split_is_never_reported_on(tmp_path):
 
 # -- approval ------------------------------------------------------------------------------
 def test_a_node_trains_only_an_experiment_its_operator_approved(tmp_path, capsys):
-    """The node prints the experiment and its digest and refuses until `fed-auc node approve`;
-    a changed experiment (one more round) is a new one."""
+    """The node registers (counts only), then prints the experiment and its digest and
+    refuses every update until `fed-auc node approve`; a changed experiment (one more round)
+    is a new one."""
     worker, site = _worker(tmp_path, "max_delta = 1e-5")
     setup, broadcast = _setup()
     digest = experiment_digest(NodeSetup.from_dict(setup))
+    worker.handle({"kind": "register", "setup": setup}, [])
     with pytest.raises(NotApproved, match=f"fed-auc node approve --site {site.path} {digest}"):
-        worker.handle({"kind": "register", "setup": setup}, [])
+        worker.handle(*broadcast_frame(broadcast, setup))
+    with pytest.raises(NotApproved):  # nor a secure aggregation step
+        worker.handle({"kind": "secure", "setup": setup, "step": "keys", "message": {}}, [])
     assert refused_status(refusal(NotApproved("x", "require_approval"))) == "not_approved"
     assert main(["node", "approve", "--site", str(site.path), digest]) == 0
     shown = capsys.readouterr().out
     assert f"approved experiment {digest}: backend" in shown and "rounds 2" in shown
-    worker.handle({"kind": "register", "setup": setup}, [])  # the same worker, no restart
-    assert frame_reply(worker.handle(*broadcast_frame(broadcast, setup))).steps > 0
+    assert frame_reply(worker.handle(*broadcast_frame(broadcast, setup))).steps > 0  # no restart
     approved = site.state_dir / "policy" / "approved" / digest
     assert stat.S_IMODE(approved.stat().st_mode) == 0o600
     changed = {**setup, "rounds": 3, "run_id": "run2"}
     with pytest.raises(NotApproved, match=experiment_digest(NodeSetup.from_dict(changed))):
-        NodeWorker(site).handle({"kind": "register", "setup": changed}, [])
+        NodeWorker(site).handle(*broadcast_frame(broadcast, changed))
+    assert [r["rule"] for r in _refusals(site)] == ["require_approval"] * 3
 
 
 def test_an_experiment_approved_ahead_of_time_trains_at_once(tmp_path):
-    setup = _setup()[0]
+    setup, broadcast = _setup()
     digest = experiment_digest(NodeSetup.from_dict(setup))
     worker, _ = _worker(tmp_path, f"approved = ['{digest}']")
-    assert worker.handle({"kind": "register", "setup": setup}, [])[0]["site"] == SITE
+    assert frame_reply(worker.handle(*broadcast_frame(broadcast, setup))).steps > 0
 
 
 def test_simulate_approves_its_own_in_process_experiment(tmp_path):
@@ -225,8 +229,10 @@ def test_simulate_approves_its_own_in_process_experiment(tmp_path):
     config = ExperimentConfig(**{**SMALL, "sites": 1, "rounds": 1}, site_files=[str(path)],
                               runs_dir=str(tmp_path / "runs"))  # fmt: skip
     federation = build_federation(config)
-    assert SITE in federation.coordinator.transport.register()
+    transport = federation.coordinator.transport
+    reply = transport.train({SITE: _setup()[1]})[SITE]
     federation.store.close()
+    assert reply.steps > 0
 
 
 # -- the lifetime budget -------------------------------------------------------------------

@@ -66,6 +66,7 @@ class PolicyGuard:
         self.echo = echo
         self.self_approved = self_approved
         self._digests: dict[int, str] = {}  # id(SiteData) → its digest (hashed once)
+        self._approved: set[str] = set()  # experiment digests found approved
 
     def refuse(self, kind: str, rule: str, message: str, error: type = PolicyRefused) -> None:
         """Record, tell and raise: the coordinator sees the site and the rule."""
@@ -76,7 +77,10 @@ class PolicyGuard:
         )
 
     def admit(self, setup: NodeSetup, data: SiteData, run_dir: Path) -> None:
-        """The run's experiment, before its node trains or answers anything."""
+        """The run's experiment, before its node is built: the rules that a registration's
+        provisional setup already settles (its run, backend, DP). Approval waits for the
+        first update (``approved``): the coordinator settles the data-dependent defaults
+        (network, lr, augmentation) only once the sites registered."""
         policy, kind = self.policy, "run"
         self.check_experiment(setup.run_id, kind)
         if policy.backends is not None and setup.algorithm not in policy.backends:
@@ -89,20 +93,26 @@ class PolicyGuard:
         if policy.dp_modes is not None and mode not in policy.dp_modes:
             self.refuse(kind, "dp_modes", f"DP mode {mode!r} is not one of {list(policy.dp_modes)}")
         self._check_privacy(setup, data, run_dir)
-        if policy.require_approval and not self.self_approved:
-            digest = experiment_digest(setup)
-            if not is_approved(policy, digest):
-                remember_pending(policy, digest, setup)
-                self.echo(
-                    f"{self.site}: new experiment {digest} (run {setup.run_id}): {summary(setup)}"
-                )
-                self.refuse(
-                    kind,
-                    "require_approval",
-                    f"experiment {digest} is not approved; its operator approves it with: "
-                    f"fed-auc node approve --site {policy.source} {digest}",
-                    NotApproved,
-                )
+
+    def approved(self, setup: NodeSetup, kind: str) -> None:
+        """Before any update leaves: the experiment is one its operator approved, else its
+        summary and digest are printed and the request refused (``NotApproved``)."""
+        policy = self.policy
+        if not policy.require_approval or self.self_approved:
+            return
+        digest = experiment_digest(setup)
+        if digest in self._approved or is_approved(policy, digest):
+            self._approved.add(digest)
+            return
+        remember_pending(policy, digest, setup)
+        self.echo(f"{self.site}: new experiment {digest} (run {setup.run_id}): {summary(setup)}")
+        self.refuse(
+            kind,
+            "require_approval",
+            f"experiment {digest} is not approved; its operator approves it with: "
+            f"fed-auc node approve --site {policy.source} {digest}",
+            NotApproved,
+        )
 
     def check_experiment(self, run_id: str, kind: str) -> None:
         patterns = self.policy.experiments
@@ -156,7 +166,11 @@ class PolicyGuard:
             self._digests = {key: site_data_digest(data)}  # one dataset at a time
         return self._digests[key]
 
-    def train(self, broadcast: Broadcast) -> None:
+    def train(self, broadcast: Broadcast, setup: NodeSetup | None) -> None:
+        """An update: of an approved experiment (``setup`` None: a node built by hand, no
+        experiment to approve), masked where secure aggregation is required."""
+        if setup is not None:
+            self.approved(setup, "train")
         if self.policy.require_secure_aggregation and SECURE_CONFIG_KEY not in broadcast.config:
             self.refuse(
                 "train",
