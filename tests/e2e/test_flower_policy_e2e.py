@@ -1,8 +1,8 @@
 """A node's policy over Flower with real processes: two hospitals' `fed-auc node`s whose site
 files carry a [policy], and coordinators that ask what the policy allows and what it does not.
 
-One flow, one pair of nodes: a new experiment waits until each site's operator runs
-`fed-auc node approve`, then trains; a backend outside the policy is refused, the
+One flow, one pair of nodes: a new experiment is refused until each site's operator runs
+`fed-auc node approve`, then the resumed run trains; a backend outside the policy is refused, the
 coordinator's console naming the site and the rule; a second run on the same images starts
 from the first run's spend and is refused when it would pass the lifetime ε.
 """
@@ -10,7 +10,6 @@ from the first run's spend and is refused when it would pass the lifetime ε.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from fed_auc.cli import main
 from fed_auc.transport.flower.processes import free_port
 from tests.support.data_files import write_npz
 from tests.support.flower_files import _coordinator, _fed_auc, _summary
-from tests.support.processes import stop_all, wait_for_line
+from tests.support.processes import stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -65,21 +64,22 @@ def test_approval_policy_refusals_and_the_lifetime_budget_over_flower(tmp_path):
         for f in files
     }  # fmt: skip
     try:
-        # 1. a new experiment: each node prints it and its digest and refuses until approved
+        # 1. a new experiment: the nodes register, then print it and its digest and refuse
+        # to train it; the round fails, the run is saved. Approved, the resumed run trains.
         first = _coordinator(tmp_path, port, "first", DP_RUN, expected_sites=2)
-        digests = {}
-        for site, node in nodes.items():
-            log = tmp_path / f"{site}.log"
-            wait_for_line(log, f"{site}: new experiment", node, timeout=300)
-            digests[site] = re.search(rf"{site}: new experiment ([0-9a-f]{{64}})",
-                                      log.read_text()).group(1)  # fmt: skip
-        wait_for_line(tmp_path / "first.log", "policy rule 'require_approval'", first, 120)
-        assert first.poll() is None  # the coordinator waits for the sites
-        time.sleep(2)
-        assert "round 1" not in (tmp_path / "north.log").read_text()  # nothing trained yet
+        assert first.wait(timeout=300) != 0
+        text = (tmp_path / "first.log").read_text()
+        for site in SITES:
+            assert f"site {site}: policy rule 'require_approval'" in text, text[-3000:]
+            assert f"{site}: round 1 train" not in (tmp_path / f"{site}.log").read_text()
         for path in files:
-            assert main(["node", "approve", "--site", str(path), digests[path.stem]]) == 0
-        assert _summary(tmp_path, "first", first)["run_id"]  # approved: trains, completes
+            log = (tmp_path / f"{path.stem}.log").read_text()
+            digest = re.search(rf"{path.stem}: new experiment ([0-9a-f]{{64}})", log).group(1)
+            assert main(["node", "approve", "--site", str(path), digest]) == 0
+        run_id = re.search(r"run (\S+): waiting for", text).group(1)
+        resumed = _fed_auc(tmp_path, "resumed.log", "coordinator", "--resume", run_id,
+                           "--runs-dir", "first", "--json")  # fmt: skip
+        assert _summary(tmp_path, "resumed", resumed)["run_id"] == run_id
         for site in SITES:
             assert f"{site}: round 1 train" in (tmp_path / f"{site}.log").read_text()
 
