@@ -28,28 +28,29 @@ def run_spend(run_dir: Path) -> list[Step]:
 
 
 class LifetimeLedger:
-    """The runs per dataset digest, and the ε they spent together."""
+    """The runs per dataset digest (each local state folder of a run: a run's hold-out
+    evaluation nodes keep another one), and the ε they spent together."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LIFETIME_FILE
-        self.datasets: dict[str, dict[str, str]] = read_json(self.path, {})
+        self.datasets: dict[str, dict[str, str]] = read_json(self.path, {})  # digest → dir → run
 
     def join(self, digest: str, run_id: str, run_dir: Path) -> None:
         """Count ``run_id`` (its ledger in ``run_dir``) against the dataset ``digest``."""
         runs = self.datasets.setdefault(digest, {})
-        if runs.get(run_id) != str(run_dir):
-            runs[run_id] = str(run_dir)
+        if runs.get(str(run_dir)) != run_id:
+            runs[str(run_dir)] = run_id
             write_private(self.path, json.dumps(self.datasets, indent=2))
 
     def spent(self, digest: str, delta: float, besides: str | None = None) -> float:
         """ε of every run on ``digest`` but ``besides``, composed at ``delta``."""
         steps = [
             step
-            for run_id, run_dir in self.datasets.get(digest, {}).items()
+            for run_dir, run_id in self.datasets.get(digest, {}).items()
             if run_id != besides
             for step in run_spend(Path(run_dir))
         ]
         return epsilon(steps, delta) if steps else 0.0
 
     def runs(self, digest: str, besides: str | None = None) -> list[str]:
-        return [run for run in self.datasets.get(digest, {}) if run != besides]
+        return sorted({run for run in self.datasets.get(digest, {}).values() if run != besides})
