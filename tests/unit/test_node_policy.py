@@ -255,3 +255,17 @@ def test_a_second_run_on_the_same_images_starts_from_the_first_runs_spend(tmp_pa
     assert stat.S_IMODE(lifetime.stat().st_mode) == 0o600
     fresh, _ = _worker(tmp_path / "other", policy)  # a node with nothing spent: from zero
     fresh.handle({"kind": "register", "setup": second}, [])
+
+
+def test_simulate_spends_from_the_same_lifetime_budget(tmp_path):
+    """In-process too: a second `fed-auc simulate` run on the same site file starts from the
+    first run's spend."""
+    table = "\n[policy]\nlifetime_epsilon = 3.0\n"
+    path = _site_toml(tmp_path / "files", SITE, 2, extra=table)
+    options = {**SMALL, "sites": 1, "rounds": 1, "dp": "example", "dp_clip": 1.0,
+               "target_epsilon": 2.0, "site_files": [str(path)]}  # fmt: skip
+    first = build_federation(ExperimentConfig(**options, runs_dir=str(tmp_path / "a")))
+    first.coordinator.transport.train({SITE: _dp_run("x", 2.0, rounds=1)[1]})
+    first.store.close()
+    with pytest.raises(PolicyRefused, match=f"site {SITE}: policy rule 'lifetime_epsilon'"):
+        build_federation(ExperimentConfig(**options, runs_dir=str(tmp_path / "b")))
