@@ -180,7 +180,7 @@ def _transport(setup: NodeSetup, sites: list[InProcessSite], run_dir: Path) -> L
         )
         for site in sites
     ]
-    return LocalTransport(nodes, [site.hosting for site in sites])
+    return LocalTransport(nodes, [site.hosting for site in sites], setup)
 
 
 def run_simulation(

@@ -32,6 +32,9 @@ augment = "flip"                # optional: this site's training augmentation
 tta = "flip"                    # optional: this site's test-time augmentation
 device = "auto"                 # optional: auto (CUDA when usable), cpu, cuda or cuda:N
 precision = "fp32"              # optional: fp32, bf16 or fp16 (autocast; what travels is fp32)
+
+[policy]                        # optional: what the node lets the federation ask
+                                # (fed_auc.node.policy.rules lists every key)
 ```
 """
 
@@ -56,6 +59,7 @@ from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.node.compute import AUTO as AUTO_DEVICE
 from fed_auc.node.compute import Compute, check_device, check_precision
+from fed_auc.node.policy.rules import NodePolicy, parse_policy
 from fed_auc.node.setup import SiteHosting
 from fed_auc.tta import TTA_MODES
 
@@ -89,6 +93,7 @@ class SiteDefinition:
     tta: str | None = None
     device: str | None = None  # the operator's choice; None: the command's (auto by default)
     precision: str | None = None
+    policy: NodePolicy = NodePolicy()
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SiteDefinition:
@@ -100,11 +105,11 @@ class SiteDefinition:
             raise ValueError(f"{path}: cannot read site file: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path}: invalid TOML: {exc}") from None
-        unknown = sorted(set(text) - {"name", "synthetic", "data", "node"})
+        unknown = sorted(set(text) - {"name", "synthetic", "data", "node", "policy"})
         if unknown:
             raise ValueError(
                 f"{path}: unknown top-level key(s) {unknown}; a site file has name, "
-                "[synthetic] or [data], and [node]"
+                "[synthetic] or [data], [node] and [policy]"
             )
         if ("synthetic" in text) == ("data" in text):
             raise ValueError(f"{path}: give exactly one of [synthetic] (generated) or [data]")
@@ -148,13 +153,18 @@ class SiteDefinition:
         state_dir = node.get("state_dir", f"nodes/{name}")
         if not isinstance(state_dir, str):
             raise ValueError(f"{path}: [node] state_dir = {state_dir!r}: must be a path string")
+        state = (folder / state_dir).resolve()
+        policy = NodePolicy(source=str(path), state_dir=state)
+        if "policy" in text:
+            policy = parse_policy(text["policy"], path, state)
         return cls(
             path=path,
             name=name,
             profile=profile,
             data=data,
             index=node.get("index"),
-            state_dir=(folder / state_dir).resolve(),
+            state_dir=state,
+            policy=policy,
             local_steps=node.get("local_steps"),
             threads=node.get("threads"),
             memory_budget=budget,
@@ -229,6 +239,7 @@ class SiteDefinition:
             tta=self.tta,
             local_steps=self.local_steps,
             compute=self.compute(device, precision),
+            policy=self.policy,
         )
 
     @property

@@ -93,6 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One line per round as it happens, also when the output is a file or a pipe.
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if len(extra) == 1 and getattr(args, "action", None) == "approve" and args.digest is None:
+        args.digest = extra[0]  # `node approve --site FILE DIGEST`: a positional after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     apply_threads(args.threads)
     return COMMANDS[args.command](args)

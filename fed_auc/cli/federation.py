@@ -48,7 +48,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
-    n = sub.add_parser("node", help="serve one hospital site to a coordinator over Flower")
+    n = sub.add_parser(
+        "node",
+        help="serve one hospital site to a coordinator over Flower "
+        "(fed-auc node approve --site FILE DIGEST: approve an experiment)",
+    )
+    n.add_argument("action", nargs="?", choices=["approve"], help="approve an experiment")
+    n.add_argument("digest", nargs="?", help="with approve: the experiment digest it printed")
     n.add_argument("--site", type=Path, required=True, help="the site file (hospitals/README.md)")
     n.add_argument("--coordinator", help="HOST:PORT of the coordinator")
     n.add_argument(
@@ -137,6 +143,8 @@ def node(args: argparse.Namespace) -> int:
     serve the site until stopped."""
     from fed_auc.site import SiteDefinition, check_site_data
 
+    if getattr(args, "action", None) == "approve":
+        return approve(args)
     try:
         site = SiteDefinition.from_toml(args.site).with_compute(args.device, args.precision)
         compute = site.compute()  # a device this machine lacks stops the node here
@@ -165,6 +173,12 @@ def node(args: argparse.Namespace) -> int:
         return 0
     if args.coordinator is None:
         raise SystemExit("fed-auc node: give --coordinator HOST:PORT (or --check)")
+    accepted = site.policy.coordinators
+    if accepted is not None and args.coordinator not in accepted:
+        raise SystemExit(
+            f"fed-auc node: {args.site}: [policy] coordinators: {args.coordinator} is not one "
+            f"of {list(accepted)}"
+        )
     if not args.insecure and (args.root_certificates is None or args.auth_key is None):
         raise SystemExit(
             "fed-auc node: give --root-certificates (the CA) and --auth-key (the site key), "
@@ -182,6 +196,24 @@ def node(args: argparse.Namespace) -> int:
         return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
     finally:
         unlock_state_dir(lock)
+
+
+def approve(args: argparse.Namespace) -> int:
+    """``fed-auc node approve --site FILE DIGEST``: the node trains that experiment from its
+    next request on (a running node need not restart)."""
+    from fed_auc.node.policy.approval import approve as record_approval
+    from fed_auc.site import SiteDefinition
+
+    if args.digest is None:
+        raise SystemExit("fed-auc node approve: give the experiment's DIGEST (the node printed it)")
+    try:
+        site = SiteDefinition.from_toml(args.site)
+        shown = record_approval(site.policy, args.digest)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"fed-auc node approve: {exc}") from None
+    what = shown or "not met by this node yet (approved ahead of time)"
+    print(f"fed-auc node approve: {site.name}: approved experiment {args.digest}: {what}")
+    return 0
 
 
 def _lock_state_dir(site) -> Path:

@@ -374,6 +374,7 @@ class ExperimentConfig(ExperimentChecks):
             personalize=self.personalize,
             personal_lambda=self.personal_lambda,
             personal_lr_ratio=personalization.lr_ratio if personalization else 1.0,
+            rounds=self.rounds,
         )
 
     def local_work(

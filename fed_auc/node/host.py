@@ -3,7 +3,8 @@
 ``LocalTransport`` (in-process) and the Flower node worker both hand each request to a
 ``NodeHost``; the transports only move requests and replies. So a site registers with the same
 fields, runs its own τ_i, refuses a stale request and prints the same console line in
-``fed-auc simulate`` and behind ``fed-auc node``.
+``fed-auc simulate`` and behind ``fed-auc node``; and every request passes the site's policy
+(``fed_auc.node.policy.guard``) here, the one place both transports share.
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_summary
-from fed_auc.exchange import Broadcast, Evaluation, Reply
+from fed_auc.exchange import Broadcast, Evaluation, EvaluationRequest, Reply
 from fed_auc.metrics.auc import mean_auc
-from fed_auc.node.compute import compute_line
+from fed_auc.node.compute import Compute, compute_line
 from fed_auc.node.node import Node
-from fed_auc.node.setup import SiteHosting
+from fed_auc.node.policy.guard import PolicyGuard
+from fed_auc.node.report import site_report
+from fed_auc.node.setup import NodeSetup, SiteHosting
 from fed_auc.trainable import Tensors
 
 
@@ -26,17 +31,31 @@ class NodeHost:
     """Answers register / train / secure / evaluate for the node it currently serves."""
 
     def __init__(
-        self, hosting: SiteHosting, node: Node | None = None, echo: Callable[[str], None] = print
+        self,
+        hosting: SiteHosting,
+        node: Node | None = None,
+        echo: Callable[[str], None] = print,
+        self_approved: bool = False,
     ) -> None:
         """``hosting``: what the site's operator chose (its site file); ``node``: the node of
         the run being served (``serve`` swaps it when a new run starts); ``echo``: where one
-        line per request goes (``fed-auc node`` prints it; in-process, nowhere)."""
+        line per request goes (``fed-auc node`` prints it; in-process, nowhere);
+        ``self_approved``: the operator runs the coordinator too (``fed-auc simulate``)."""
         self.hosting = hosting
         self.echo = echo
+        self.guard = PolicyGuard(hosting.policy, hosting.name, echo, self_approved)
+        self.run_id: str | None = None  # the run last admitted, and its experiment
+        self.setup: NodeSetup | None = None
         self.node: Node | None = None
         self._latest: tuple[int, int] | None = None  # (round, phase index) of the last train
         if node is not None:
             self.serve(node)
+
+    def admit(self, setup: NodeSetup, data: SiteData, run_dir: Path) -> None:
+        """Check a run's experiment against the policy before its node is built or serves
+        (``PolicyRefused`` / ``NotApproved`` otherwise); ``run_dir``: its local state."""
+        self.guard.admit(setup, data, Path(run_dir))
+        self.run_id, self.setup = setup.run_id, setup
 
     def serve(self, node: Node) -> None:
         """Answer for ``node`` from now on (a new run, or the same run after a restart)."""
@@ -72,6 +91,7 @@ class NodeHost:
         while the transport delivered it) is refused: it must not overwrite the later reply's
         pending state. The site's own τ_i (its file) wins over the one asked for."""
         node = self._current()
+        self.guard.train(broadcast, self.setup)
         position = (broadcast.round, node.backend.phases.index(broadcast.phase))
         if self._latest is not None and position < self._latest:
             raise ValueError(f"stale request for round {broadcast.round + 1}: already past it")
@@ -93,6 +113,8 @@ class NodeHost:
 
     def secure(self, step: str, message: dict[str, Any]) -> dict[str, Any]:
         """One step of secure aggregation (``fed_auc.privacy.secure``)."""
+        if self.setup is not None:
+            self.guard.approved(self.setup, "secure")
         return self._current().secure_step(step, message)
 
     def evaluate(
@@ -100,12 +122,33 @@ class NodeHost:
     ) -> Evaluation:
         """Score the model on the site's validation and test splits."""
         node = self._current()
+        self.guard.evaluate(node.site, ("val", "test"), pooled, "evaluate")
         evaluation = node.evaluate(tensors, pooled=pooled, thresholds=thresholds)
         shown = ", ".join(
             f"{name} AUC {_fmt(mean_auc(split.aucs))}" for name, split in evaluation.splits.items()
         )
         self.echo(f"{node.name}: evaluated: {shown}, {evaluation.duration_s:.1f} s")
         return evaluation
+
+    def report(
+        self,
+        request: EvaluationRequest,
+        tensors: Tensors,
+        run_id: str | None = None,
+        data: SiteData | None = None,
+        compute: Compute | None = None,
+    ) -> dict[str, Any]:
+        """An evaluation job's report (``fed_auc.node.report``) on ``data`` (default: the
+        served node's) for ``run_id`` (default: the run admitted), once the policy allows its
+        run and splits."""
+        if data is None:
+            node = self._current()
+            data, compute = node.site, node.compute
+        run_id = self.run_id if run_id is None else run_id
+        if run_id is not None:
+            self.guard.check_experiment(run_id, "report")
+        self.guard.evaluate(data, request.splits, False, "report")
+        return site_report(data, request, tensors, compute)
 
 
 def _fmt(auc: float | None) -> str:

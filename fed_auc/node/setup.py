@@ -15,6 +15,7 @@ from typing import Any
 from fed_auc.algorithms.personal import Personalization
 from fed_auc.data.base import SiteData, check_name
 from fed_auc.node.compute import Compute
+from fed_auc.node.policy.rules import NodePolicy
 
 SEED_STRIDE = 1000  # a site's sampler seed: experiment seed · SEED_STRIDE + its index
 
@@ -43,6 +44,7 @@ class NodeSetup:
     personalize: str | None = None
     personal_lambda: float = 1.0
     personal_lr_ratio: float = 1.0
+    rounds: int | None = None  # what the site's operator approves (fed_auc.node.policy)
 
     def __post_init__(self) -> None:
         check_name(self.run_id, "run id")  # a single name: a node makes a folder of it
@@ -88,6 +90,7 @@ class SiteHosting:
     tta: str | None = None
     local_steps: int | None = None  # its own τ_i
     compute: Compute | None = None  # its device and precision (None: fp32 on the CPU)
+    policy: NodePolicy = NodePolicy()  # what it lets the federation ask (its [policy] table)
 
 
 def check_batch_size(data: SiteData, batch_size: int) -> None:

@@ -253,6 +253,16 @@ def _create_secret(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def recorded_steps(state_dir: str | Path) -> list[Step]:
+    """The releases a run's ledger in ``state_dir`` holds, as steps (none without a ledger):
+    what a site's lifetime budget composes at its own δ."""
+    path = Path(state_dir) / LEDGER_FILE
+    if not path.exists():
+        return []
+    releases = json.loads(path.read_text())["releases"]
+    return [Step(*s) for release in releases.values() for s in release["steps"]]
+
+
 class PrivacyLedger:
     """What one site has released, on disk beside its local state; ε on demand."""
 

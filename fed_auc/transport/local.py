@@ -13,24 +13,31 @@ from typing import Any
 from fed_auc.exchange import Broadcast, Evaluation, NodeFailure, NodeRefused, Reply
 from fed_auc.node.host import NodeHost
 from fed_auc.node.node import Node
-from fed_auc.node.setup import SiteHosting
+from fed_auc.node.setup import NodeSetup, SiteHosting
 from fed_auc.trainable import Tensors
 
 
 class LocalTransport:
     def __init__(
-        self, nodes: Sequence[Node], hostings: Sequence[SiteHosting] | None = None
+        self,
+        nodes: Sequence[Node],
+        hostings: Sequence[SiteHosting] | None = None,
+        setup: NodeSetup | None = None,
     ) -> None:
         """``hostings``: each site's own settings (its file), in the order of ``nodes``; None
-        for nodes built by hand (a test, a script): the site's index is its place in the list."""
+        for nodes built by hand (a test, a script): the site's index is its place in the list.
+        ``setup``: the experiment, checked against each site's policy; in-process, the one who
+        runs it is every site's operator, so it needs no approval."""
         if hostings is None:
             hostings = [SiteHosting(n.name, i, (i, n.name)) for i, n in enumerate(nodes)]
         self.hosts = {
-            node.name: NodeHost(hosting, node, echo=lambda line: None)
+            node.name: NodeHost(hosting, node, echo=lambda line: None, self_approved=True)
             for node, hosting in zip(nodes, hostings, strict=True)
         }
         if len(self.hosts) != len(nodes):
             raise ValueError("site names must be unique")
+        for node in nodes if setup is not None else ():
+            self.hosts[node.name].admit(setup, node.site, node.state_path.parent)
 
     @property
     def sites(self) -> list[str]:
@@ -75,10 +82,9 @@ class LocalTransport:
         self, sites: Sequence[str], request: Any, tensors: Tensors
     ) -> dict[str, dict[str, Any] | NodeFailure]:
         """The evaluation job (``fed_auc.evaluate.job``): each site scores the model."""
-        from fed_auc.node.report import site_report
 
         def score(host: NodeHost) -> dict[str, Any]:
-            return site_report(host.node.site, request, tensors, host.node.compute)
+            return host.report(request, tensors)
 
         return {site: self._call(site, score) for site in sites}
 

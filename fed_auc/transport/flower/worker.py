@@ -19,7 +19,6 @@ from fed_auc.data.base import SiteData
 from fed_auc.exchange import EvaluationRequest, NodeRefused
 from fed_auc.node.build import build_node
 from fed_auc.node.host import NodeHost
-from fed_auc.node.report import site_report
 from fed_auc.node.setup import NodeSetup
 from fed_auc.site import SiteDefinition
 from fed_auc.transport.flower.codec import (
@@ -84,7 +83,8 @@ class NodeWorker:
         setup = NodeSetup.from_dict(header["setup"])
         request = EvaluationRequest.from_dict(header["request"])
         tensors = frame_tensors((header, buffers), self._cache)
-        report = site_report(self._site_data(setup), request, tensors, self.site.compute())
+        data, compute = self._site_data(setup), self.site.compute()
+        report = self.host.report(request, tensors, setup.run_id, data, compute)
         shown = ", ".join(
             f"{split} AUC " + " ".join(_fmt(r["auc"]) for r in labels.values())
             for split, labels in report["splits"].items()
@@ -98,10 +98,9 @@ class NodeWorker:
         setup = NodeSetup.from_dict(values)
         if self.host.node is None or setup != self._setup:
             log.info("%s: building the node for run %s", self.site.name, setup.run_id)
-            hosting = self.site.hosting()
-            node = build_node(
-                setup, self._site_data(setup), hosting, setup.state_dir(self.site.state_dir)
-            )
+            hosting, run_dir = self.site.hosting(), setup.state_dir(self.site.state_dir)
+            self.host.admit(setup, self._site_data(setup), run_dir)  # the site's policy first
+            node = build_node(setup, self._site_data(setup), hosting, run_dir)
             self.host.hosting = hosting
             self.host.serve(node)
             self._setup = setup
