@@ -200,14 +200,22 @@ def node(args: argparse.Namespace) -> int:
 
 def approve(args: argparse.Namespace) -> int:
     """``fed-auc node approve --site FILE DIGEST``: the node trains that experiment from its
-    next request on (a running node need not restart)."""
+    next request on (a running node need not restart); without DIGEST: what waits."""
     from fed_auc.node.policy.approval import approve as record_approval
+    from fed_auc.node.policy.approval import pending
     from fed_auc.site import SiteDefinition
 
-    if args.digest is None:
-        raise SystemExit("fed-auc node approve: give the experiment's DIGEST (the node printed it)")
     try:
         site = SiteDefinition.from_toml(args.site)
+        if args.digest is None:  # what waits for approval, to read before approving
+            waiting = pending(site.policy)
+            for digest, record in waiting:
+                print(f"{digest}  run {record['run_id']}: {record['summary']}")
+            print(
+                f"fed-auc node approve: {site.name}: {len(waiting)} experiment(s) wait for "
+                "approval; approve one with: fed-auc node approve --site FILE DIGEST"
+            )
+            return 0
         shown = record_approval(site.policy, args.digest)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"fed-auc node approve: {exc}") from None

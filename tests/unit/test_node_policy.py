@@ -203,9 +203,15 @@ def test_a_node_trains_only_an_experiment_its_operator_approved(tmp_path, capsys
     with pytest.raises(NotApproved):  # nor a secure aggregation step
         worker.handle({"kind": "secure", "setup": setup, "step": "keys", "message": {}}, [])
     assert refused_status(refusal(NotApproved("x", "require_approval"))) == "not_approved"
+    capsys.readouterr()
+    assert main(["node", "approve", "--site", str(site.path)]) == 0  # what waits, for review
+    waiting = capsys.readouterr().out
+    assert f"{digest}  run {setup['run_id']}: backend" in waiting and "1 experiment(s)" in waiting
     assert main(["node", "approve", "--site", str(site.path), digest]) == 0
     shown = capsys.readouterr().out
     assert f"approved experiment {digest}: backend" in shown and "rounds 2" in shown
+    main(["node", "approve", "--site", str(site.path)])
+    assert "0 experiment(s) wait" in capsys.readouterr().out  # approved: no longer pending
     assert frame_reply(worker.handle(*broadcast_frame(broadcast, setup))).steps > 0  # no restart
     approved = site.state_dir / "policy" / "approved" / digest
     assert stat.S_IMODE(approved.stat().st_mode) == 0o600

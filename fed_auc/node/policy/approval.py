@@ -79,6 +79,17 @@ def remember_pending(policy: NodePolicy, digest: str, setup: NodeSetup) -> None:
         write_private(policy.folder / PENDING_FOLDER / f"{digest}.json", json.dumps(record))
 
 
+def pending(policy: NodePolicy) -> list[tuple[str, dict[str, Any]]]:
+    """The experiments met and not approved yet (digest, record), oldest first: what an
+    operator who missed the node's console line reviews."""
+    folder = None if policy.folder is None else policy.folder / PENDING_FOLDER
+    if folder is None or not folder.is_dir():
+        return []
+    met = sorted(folder.glob("*.json"), key=lambda path: path.stat().st_mtime)
+    records = [(path.stem, read_json(path, None)) for path in met]
+    return [(digest, r) for digest, r in records if r and not is_approved(policy, digest)]
+
+
 def approve(policy: NodePolicy, digest: str) -> str | None:
     """Record the operator's approval of ``digest``; the summary of the experiment when the
     node has met it (None: approved ahead of time)."""
