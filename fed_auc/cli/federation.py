@@ -148,8 +148,9 @@ def node(args: argparse.Namespace) -> int:
     try:
         site = SiteDefinition.from_toml(args.site).with_compute(args.device, args.precision)
         compute = site.compute()  # a device this machine lacks stops the node here
-        if not args.check:  # a second node on this state directory is refused at once
-            lock = _lock_state_dir(site)
+        if not args.check:  # a coordinator its policy does not name is never contacted, and
+            _check_coordinator(site, args.site, args.coordinator)  # a second node on this
+            lock = _lock_state_dir(site)  # state directory is refused at once
         data = site.load(args.image_size, args.num_labels)
         check_site_data(site, data)
     except (OSError, ValueError) as exc:
@@ -173,12 +174,6 @@ def node(args: argparse.Namespace) -> int:
         return 0
     if args.coordinator is None:
         raise SystemExit("fed-auc node: give --coordinator HOST:PORT (or --check)")
-    accepted = site.policy.coordinators
-    if accepted is not None and args.coordinator not in accepted:
-        raise SystemExit(
-            f"fed-auc node: {args.site}: [policy] coordinators: {args.coordinator} is not one "
-            f"of {list(accepted)}"
-        )
     if not args.insecure and (args.root_certificates is None or args.auth_key is None):
         raise SystemExit(
             "fed-auc node: give --root-certificates (the CA) and --auth-key (the site key), "
@@ -196,6 +191,16 @@ def node(args: argparse.Namespace) -> int:
         return run_node(site, args.coordinator, args.root_certificates, args.auth_key)
     finally:
         unlock_state_dir(lock)
+
+
+def _check_coordinator(site, site_file: Path, coordinator: str | None) -> None:
+    """``[policy] coordinators``: the addresses this node may connect to."""
+    accepted = site.policy.coordinators
+    if coordinator is not None and accepted is not None and coordinator not in accepted:
+        raise SystemExit(
+            f"fed-auc node: {site_file}: [policy] coordinators: {coordinator} is not one "
+            f"of {list(accepted)}; the node connects to none other"
+        )
 
 
 def approve(args: argparse.Namespace) -> int:

@@ -274,3 +274,13 @@ def test_simulate_spends_from_the_same_lifetime_budget(tmp_path):
     first.store.close()
     with pytest.raises(PolicyRefused, match=f"site {SITE}: policy rule 'lifetime_epsilon'"):
         build_federation(ExperimentConfig(**options, runs_dir=str(tmp_path / "b")))
+
+
+def test_a_node_never_contacts_a_coordinator_its_policy_does_not_name(tmp_path, capsys):
+    """`fed-auc node --coordinator` with an address outside `[policy] coordinators` stops
+    before the node locks its state, loads its data or starts a SuperNode, naming the rule."""
+    _, site = _worker(tmp_path, 'coordinators = ["fl.north.example:9092"]')
+    with pytest.raises(SystemExit, match=r"\[policy\] coordinators: evil.example:9092 is not one"):
+        main(["node", "--site", str(site.path), "--coordinator", "evil.example:9092", "--insecure"])
+    assert not (site.state_dir / "supernode.log").exists()
+    assert not (site.state_dir / "node.lock").exists()  # the state directory was never locked
