@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,8 @@ def test_the_same_round_with_a_changed_setup_is_refused_in_process(tmp_path, fie
     request = _request(node)
     node.train(request)
     ledger = (tmp_path / LEDGER_FILE).read_bytes()
+    for private in (LEDGER_FILE, RUN_SETUP_FILE):  # only the node's user reads them
+        assert stat.S_IMODE((tmp_path / private).stat().st_mode) == 0o600
     changed = NodeSetup.from_dict(CHANGES[field](setup.to_dict()))
     with pytest.raises(SetupChanged, match=_named(field)) as refused:
         _node(changed, tmp_path).train(request)  # the node a resumed run would build
