@@ -26,8 +26,18 @@ def test_readme_has_two_quickstart_commands_and_ci_runs_the_test_one():
     assert tests in (ROOT / ".ci" / "run").read_text()
 
 
-def test_constraints_pin_the_cpu_torch():
-    assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text().split()
+def test_every_torch_install_the_docs_give_is_the_pinned_version():
+    """The constraints file pins torch; the README's CPU-only line, the GPU node's line and
+    the Dockerfile install that same version, so the later `-c constraints.txt` keeps it."""
+    pinned = re.findall(r"^torch==(\S+)", (ROOT / "constraints.txt").read_text(), re.M)
+    assert len(pinned) == 1
+    names = ("README.md", "hospitals/README.md", "Dockerfile")
+    texts = [(ROOT / name).read_text() for name in names]
+    installs = [v for text in texts for v in re.findall(r"--index-url \S+ torch==(\S+)", text)]
+    assert len(installs) >= 3 and set(installs) == set(pinned)
+    readme = texts[0]
+    assert "https://download.pytorch.org/whl/cpu torch==" in readme  # the CPU-only machine
+    assert "CUDA build" in readme.split("## What the demo does")[0]  # what PyPI gives, said
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
