@@ -329,7 +329,7 @@ def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp
     from tests.support.flower_loopback import SITES, _site_toml
 
     process, log = _coordinator(
-        tmp_path, 300, rounds=6, min_nodes=3, expected_sites=3, round_timeout_s=20
+        tmp_path, 300, rounds=6, min_nodes=3, expected_sites=3, round_timeout_s=45
     )
     address = re.search(r'address = "([^"]+)"', (tmp_path / "experiment.toml").read_text())[1]
     nodes = {}
