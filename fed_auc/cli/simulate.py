@@ -172,11 +172,9 @@ def simulate(
     else:
         from fed_auc.run.headline import summary_headline
 
-        aucs = summary["global_auc"]
         print(
-            f"run {summary['run_id']}: pooled test AUC: {summary_headline(summary)} "
-            f"(round 0: {fmt(aucs[0])}); worst site at the last round "
-            f"{fmt(summary['worst_site_auc'][-1])}"
+            f"run {summary['run_id']}: {summary_headline(summary)}; round 0: pooled "
+            f"AUC {fmt(summary['global_auc'][0])}"
         )
         print(f"model and model card: {Path(summary['model_path']).parent}")
     return summary
@@ -232,12 +230,16 @@ def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, An
 
 
 def print_leave_each_out(rows: list[dict[str, Any]]) -> None:
-    """One line per site: its held-out AUC beside its in-federation AUC, with their runs."""
+    """One line per site: the test AUC of the exported model of the run without it beside
+    that of the run with every site, each run named, and the positive class."""
+    from fed_auc.metrics.wording import class_text
+
     for row in rows:
         held, within = row["held_out_auc"], row["in_federation_auc"]
         print(
-            f"{row['site']:<20} held-out AUC {_aucs(held)} (run {row['held_out_run']})  "
-            f"in-federation AUC {_aucs(within)} (run {row['in_federation_run']})"
+            f"{row['site']:<20} held out: test AUC {_aucs(held)} (exported model of run "
+            f"{row['held_out_run']})  in federation: test AUC {_aucs(within)} (run "
+            f"{row['in_federation_run']}); positive class {class_text(row.get('positive_class'))}"
         )
 
 

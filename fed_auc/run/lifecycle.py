@@ -30,6 +30,7 @@ from fed_auc.registry.card import (
     privacy_card,
 )
 from fed_auc.registry.export import export_model
+from fed_auc.run.headline import exported_sites
 from fed_auc.run.initial import INIT_FILE, StartingPoint, load_starting_point, starting_point
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
@@ -222,6 +223,8 @@ def close_run(
     init = run_dir / INIT_FILE
     card["init"] = json.loads(init.read_text()) if init.is_file() else None
     summary["exported_auc"] = card["global_auc"]
+    summary["exported_sites"] = exported_sites(card["sites"])  # its worst site: the headline's
+    summary["positive_class"] = card["positive_class"]
     summary["threshold"] = thresholds
     if exported is not None:
         store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])
