@@ -136,8 +136,7 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar;
     optionally register the exported model."""
-    from tqdm import tqdm
-
+    from fed_auc.cli.progress import RoundProgress
     from fed_auc.simulation import rounds_left, run_simulation
 
     if resume is not None:
@@ -146,22 +145,31 @@ def simulate(
         except KeyError as exc:
             raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
     else:
-        total, desc = config.rounds, config.algorithm
-    bar = tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
+        total, desc = config.warmup_rounds + config.rounds, config.algorithm
+    progress = RoundProgress(total, desc)
 
     def on_round(record) -> None:
-        bar.set_postfix(auc=fmt(record.global_auc), worst=fmt(record.worst_site_auc))
-        bar.update(1)
+        progress.round(record)
         raise_a_lost_stop()
+
+    def on_warmup_round(record) -> None:
+        progress.warmup_round(record)
+        raise_a_lost_stop()
+
+    def on_run(runs_dir: str, run_id: str) -> None:
+        _on_run(runs_dir)(run_id)
+        progress.name_class(_positive_class(runs_dir, run_id))
 
     try:
         if resume is not None:
-            _on_run(resume[0])(resume[1])
-            summary = _resume(resume, on_round)
+            on_run(*resume)
+            summary = _resume(resume, on_round, on_warmup_round)
         else:
-            summary = run_simulation(config, on_round, on_run=_on_run(config.runs_dir))
+            summary = run_simulation(
+                config, on_round, lambda run_id: on_run(config.runs_dir, run_id), on_warmup_round
+            )
     finally:
-        bar.close()
+        progress.close()
     if register:
         from fed_auc.registry.register import register_model
 
@@ -180,12 +188,22 @@ def simulate(
     return summary
 
 
-def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
+def _positive_class(runs_dir: str, run_id: str) -> str:
+    """The positive class the run ``run_id`` recorded for its sites, in words."""
+    from fed_auc.metrics.wording import class_text
+    from fed_auc.store.facts import run_facts
+    from fed_auc.store.run_store import RunStore
+
+    with RunStore(runs_dir) as store:
+        return class_text(run_facts(store, run_id, store.run(run_id)["config"])["positive_class"])
+
+
+def _resume(resume: tuple[str, str], on_round, on_warmup_round) -> dict[str, Any]:
     from fed_auc.coordinator.errors import FederationError
     from fed_auc.simulation import resume_simulation
 
     try:
-        return resume_simulation(*resume, on_round=on_round)
+        return resume_simulation(*resume, on_round=on_round, on_warmup_round=on_warmup_round)
     except (ValueError, FederationError) as exc:
         raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
 

@@ -102,9 +102,11 @@ def run_experiment(
                 **identities.record(sites),  # the sites' keys, kept for a resumed coordinator
             },
         )
+        positive_class = federation_positive_class(list(run_sites.cards.values()))
         coordinator, setup = open_run(
             config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),
             resume, settings.pooled_scoring,
+            on_warmup_round=lambda r: log(f"warm-up {_progress(r, positive_class)}"),
         )  # fmt: skip
         if coordinator.committed_round is not None:
             log(f"run {run_id}: resumed after round {coordinator.committed_round}")
@@ -112,7 +114,6 @@ def run_experiment(
         fail_run(store, run_id, exc)
         raise
     cards = [transport.summaries[s] for s in sites]
-    positive_class = federation_positive_class(cards)  # what every logged AUC is about
     summary = train_and_close(
         config,
         coordinator,
