@@ -52,13 +52,15 @@ class RoundProgress:
     known, every round counted, the time left from ``RoundPace``, the last round's AUCs."""
 
     def __init__(
-        self, total: int, name: str, clock: Callable[[], float] = time.monotonic, file=sys.stderr
+        self, total: int, name: str, clock: Callable[[], float] = time.monotonic, file=None
     ) -> None:
+        """``file``: where the bar goes (None: standard error as it is now)."""
         from tqdm import tqdm
 
         self.pace = RoundPace(total, clock)
         self.name = name
         self.positive_class: str | None = None
+        file = sys.stderr if file is None else file
         self.bar = tqdm(total=total, desc=name, unit="round", file=file, bar_format=BAR)
 
     def name_class(self, positive_class: str) -> None:
