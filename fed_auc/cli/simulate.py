@@ -166,7 +166,10 @@ def simulate(
             summary = _resume(resume, on_round, on_warmup_round)
         else:
             summary = run_simulation(
-                config, on_round, lambda run_id: on_run(config.runs_dir, run_id), on_warmup_round
+                config,
+                on_round,
+                on_run=lambda run_id: on_run(config.runs_dir, run_id),
+                on_warmup_round=on_warmup_round,
             )
     finally:
         progress.close()
