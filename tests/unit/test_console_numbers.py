@@ -109,8 +109,8 @@ def test_the_coordinator_and_node_consoles_name_the_positive_class(tmp_path):
     experiment = {"experiment": config, "flower": flower, "run_id": run_id}
     summary = server.run_experiment(None, experiment, coordinator.append, transport)
 
-    rounds = [x for x in coordinator if x.startswith(("round ", "warm-up round "))]
-    assert [x.split(":")[0] for x in rounds] == ["warm-up round 1", "round 1"]
+    rounds = [x for x in coordinator if x.startswith(("round ", "warm-up "))]
+    assert [x.split(":")[0] for x in rounds] == ["warm-up 1/1", "round 1"]
     for line in rounds:
         assert "pooled AUC" in line and MALIGNANT in line, line
     assert MALIGNANT in summary_headline(summary)  # `fed-auc coordinator`'s result line

@@ -106,7 +106,9 @@ def run_experiment(
         coordinator, setup = open_run(
             config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),
             resume, settings.pooled_scoring,
-            on_warmup_round=lambda r: log(f"warm-up {_progress(r, positive_class)}"),
+            on_warmup_round=lambda r: log(
+                _progress(r, positive_class, f"warm-up {r.round}/{config.warmup_rounds}")
+            ),
         )  # fmt: skip
         if coordinator.committed_round is not None:
             log(f"run {run_id}: resumed after round {coordinator.committed_round}")
@@ -170,15 +172,17 @@ def _provisional(config: ExperimentConfig) -> ExperimentConfig:
         return config.with_data_kind(False)
 
 
-def _progress(record: RoundRecord, positive_class: list[str] | None) -> str:
-    """The coordinator's line per round: who answered, pooled and mean site test AUC of the
-    global model, the positive class they are for."""
+def _progress(
+    record: RoundRecord, positive_class: list[str] | None, name: str | None = None
+) -> str:
+    """The coordinator's line per round (``name``: ``round 7``, or ``warm-up 3/10``): who
+    answered, pooled and mean site test AUC of the global model, the positive class."""
     status = [s.status for s in record.sites]
     done = status.count("completed")
     mean = auc_text(record.mean_site_auc, undefined="n/a")
     pooled = auc_text(record.global_auc, positive_class=class_text(positive_class), undefined="n/a")
     return (
-        f"round {record.round}: {done}/{len(status)} sites completed, dropped "
+        f"{name or f'round {record.round}'}: {done}/{len(status)} sites completed, dropped "
         f"{status.count('dropped')}, test set: mean site {mean}, pooled {pooled}, "
         f"{record.duration_s or 0:.1f} s"
     )
