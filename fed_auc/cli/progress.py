@@ -52,21 +52,28 @@ class RoundProgress:
     known, every round counted, the time left from ``RoundPace``, the last round's AUCs."""
 
     def __init__(
-        self, total: int, name: str, clock: Callable[[], float] = time.monotonic, file=None
+        self,
+        total: int,
+        name: str,
+        warmup: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        file=None,
     ) -> None:
-        """``file``: where the bar goes (None: standard error as it is now)."""
+        """``warmup``: the run starts with its warm-up; ``file``: where the bar goes (None:
+        standard error as it is now)."""
         from tqdm import tqdm
 
         self.pace = RoundPace(total, clock)
         self.name = name
+        self.phase = WARMUP if warmup else name
         self.positive_class: str | None = None
         file = sys.stderr if file is None else file
-        self.bar = tqdm(total=total, desc=name, unit="round", file=file, bar_format=BAR)
+        self.bar = tqdm(total=total, desc=self.phase, unit="round", file=file, bar_format=BAR)
 
     def name_class(self, positive_class: str) -> None:
-        """The class every AUC on the bar is about, shown beside the phase."""
+        """The class every AUC on the bar is about, shown beside the phase at once."""
         self.positive_class = positive_class
-        self.bar.set_description_str(self._desc(self.name), refresh=False)
+        self.bar.set_description_str(self._desc(self.phase))
 
     def warmup_round(self, record: Any) -> None:
         self._round(WARMUP, record)
@@ -79,9 +86,12 @@ class RoundProgress:
         return phase + positive
 
     def _round(self, phase: str, record: Any) -> None:
+        self.phase = phase
         self.pace.tick(phase)
         left = self.pace.remaining_s()
         shown = "estimating time left" if left is None else f"≈{_duration(left)} left"
+        if self.pace.done >= self.pace.total:
+            shown = "done"
         self.bar.set_description_str(self._desc(phase), refresh=False)
         self.bar.set_postfix_str(
             f"{shown}, test AUC pooled {fmt(record.global_auc)}, "

@@ -146,7 +146,7 @@ def simulate(
             raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
     else:
         total, desc = config.warmup_rounds + config.rounds, config.algorithm
-    progress = RoundProgress(total, desc)
+    progress = RoundProgress(total, desc, warmup=resume is None and config.warmup_rounds > 0)
 
     def on_round(record) -> None:
         progress.round(record)

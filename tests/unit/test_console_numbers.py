@@ -178,10 +178,13 @@ def _record(round_: int) -> RoundRecord:
 def test_the_time_left_follows_the_recent_rounds_not_the_start_up():
     """An 18-minute run: 3 min of start-up and loading, 10 warm-up rounds of 10 s, 50 AUC
     rounds of 15 s. tqdm's estimate started from the first interval (start-up + warm-up)."""
-    from fed_auc.cli.progress import RoundProgress
+    from fed_auc.cli.progress import WARMUP, RoundProgress
 
+    assert WARMUP == "warm-up (fedavg + cross-entropy)"
     clock, out = FakeClock(), io.StringIO()
-    progress = RoundProgress(60, "codasca", clock, file=out)
+    progress = RoundProgress(60, "codasca", warmup=True, clock=clock, file=out)
+    progress.name_class("malignant")  # before the first round: the run starts with the warm-up
+    assert str(progress.bar).startswith(f"{WARMUP}, {MALIGNANT}: ")
     clock.now = 180.0
     estimates = []
     for r in range(1, 11):
@@ -189,14 +192,14 @@ def test_the_time_left_follows_the_recent_rounds_not_the_start_up():
         progress.warmup_round(_record(r))
         estimates.append(progress.pace.remaining_s())
     shown = str(progress.bar)  # the bar as it reads now
-    assert shown.startswith("warm-up (fedavg + cross-entropy): ")  # named, and counted:
-    assert " 10/60 " in shown and f"≈{10 * 50 // 60} min" in shown  # 10/60, not 0/60
+    assert shown.startswith(f"{WARMUP}, {MALIGNANT}: ")
+    assert " 10/60 " in shown and f"≈{10 * 50 // 60} min" in shown  # counted: 10/60, not 0/60
     clock.now += 60  # the AUC phase's own start-up
     for r in range(1, 51):
         clock.now += 15
         progress.round(_record(r))
         estimates.append(progress.pace.remaining_s())
-    assert str(progress.bar).startswith("codasca: 100%")
+    assert str(progress.bar).startswith("codasca, positive class malignant: 100%")
     progress.close()
     assert estimates[0] is None  # no pace yet: the first interval carries the start-up
     for done, left in enumerate(estimates[1:], 2):
