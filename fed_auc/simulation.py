@@ -102,10 +102,12 @@ def build_federation(
     config: ExperimentConfig,
     run_id: str | None = None,
     on_run: Callable[[str], None] | None = None,
+    on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> Federation:
     """The sites, one in-process node each, a coordinator (after the optional warm-up), and a
     run in the store: a new one, or the existing ``run_id``, resumed from its last round.
-    ``on_run(run_id)``: told the run's id as soon as it exists (to say how to resume it)."""
+    ``on_run(run_id)``: told the run's id as soon as it exists (to say how to resume it);
+    ``on_warmup_round``: told each warm-up round (a progress bar counts them)."""
     torch.manual_seed(config.seed)
     everyone, manifest = load_in_process_sites(config)
     held_out = config.hold_out or []
@@ -143,8 +145,9 @@ def build_federation(
             return _transport(setup, sites, run_dir / folder)
 
         coordinator, setup = open_run(
-            config, store, run_id, run_sites, nodes_for, resuming, start=start
-        )
+            config, store, run_id, run_sites, nodes_for, resuming, start=start,
+            on_warmup_round=on_warmup_round,
+        )  # fmt: skip
         every_site = None
         if config.hold_out is not None:
             every_site = _transport(setup, everyone, run_dir / "evaluation_nodes")
@@ -187,13 +190,17 @@ def run_simulation(
     config: ExperimentConfig,
     on_round: Callable[[RoundRecord], None] | None = None,
     on_run: Callable[[str], None] | None = None,
+    on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
-    return _complete(build_federation(config, on_run=on_run), on_round)
+    return _complete(build_federation(config, None, on_run, on_warmup_round), on_round)
 
 
 def resume_simulation(
-    runs_dir: str | Path, run_id: str, on_round: Callable[[RoundRecord], None] | None = None
+    runs_dir: str | Path,
+    run_id: str,
+    on_round: Callable[[RoundRecord], None] | None = None,
+    on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Continue an interrupted run from its last recorded round, with its recorded config.
 
@@ -207,15 +214,18 @@ def resume_simulation(
             raise ValueError(f"no run {run_id!r} in {store.path}") from None
     if run["status"] == "completed":
         raise ValueError(f"run {run_id!r} already completed: nothing to resume")
-    return _complete(build_federation(recorded_config(run["config"], runs_dir), run_id), on_round)
+    config = recorded_config(run["config"], runs_dir)
+    return _complete(build_federation(config, run_id, None, on_warmup_round), on_round)
 
 
 def rounds_left(runs_dir: str | Path, run_id: str) -> int:
-    """Rounds a resume of ``run_id`` still has to train (for a progress bar)."""
+    """Rounds a resume of ``run_id`` still has to train (for a progress bar): a run stopped
+    before its first round trains its warm-up again (``open_run``)."""
     with RunStore(runs_dir) as store:
         done = store.last_round(run_id) or 0
-        total = store.run(run_id)["config"]["rounds"]
-    return int(total) - done
+        config = store.run(run_id)["config"]
+        warmup = 0 if not store.rounds(run_id).empty else int(config.get("warmup_rounds") or 0)
+    return int(config["rounds"]) - done + warmup
 
 
 def _complete(fed: Federation, on_round: Callable[[RoundRecord], None] | None) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from typing import Any
 
 from fed_auc.cli.data import add_data_arguments, data_options, num_sites
 from fed_auc.cli.experiment_options import add_compute_arguments
-from fed_auc.cli.text import fmt
 from fed_auc.evaluate.job import describe, trained_sites
 
 
@@ -207,11 +206,8 @@ def evaluate_data(args: argparse.Namespace) -> None:
         raise SystemExit(f"fed-auc evaluate: {exc}") from None
     results.update(model=str(args.model), data=data, split=args.split)
     paths = write_results(results, args.out)
-    for site, labels in results["sites"].items():
-        for label, r in labels.items():
-            ci = f" [{fmt(r['ci_lo'])}, {fmt(r['ci_hi'])}]" if r["ci_lo"] is not None else ""
-            text = r["note"] or f"AUC {fmt(r['auc'])}{ci}"
-            print(f"{site:<12} {label:<18} n {r['n']:<5} {text}")
+    for line in describe(results):
+        print(line)
     print(f"results: {paths['json']}, {paths['csv']}, {paths['roc']}")
     warn_suspect_images(sites)
 

@@ -134,7 +134,7 @@ def coordinator(args: argparse.Namespace) -> dict[str, Any]:
     else:
         from fed_auc.run.headline import summary_headline
 
-        print(f"run {summary['run_id']} completed; pooled test AUC: {summary_headline(summary)}")
+        print(f"run {summary['run_id']} completed: {summary_headline(summary)}")
     return summary
 
 

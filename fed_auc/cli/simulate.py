@@ -136,8 +136,7 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``config``, or resume the run ``resume`` = (runs dir, run id), with a progress bar;
     optionally register the exported model."""
-    from tqdm import tqdm
-
+    from fed_auc.cli.progress import RoundProgress
     from fed_auc.simulation import rounds_left, run_simulation
 
     if resume is not None:
@@ -146,22 +145,34 @@ def simulate(
         except KeyError as exc:
             raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
     else:
-        total, desc = config.rounds, config.algorithm
-    bar = tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
+        total, desc = config.warmup_rounds + config.rounds, config.algorithm
+    progress = RoundProgress(total, desc, warmup=resume is None and config.warmup_rounds > 0)
 
     def on_round(record) -> None:
-        bar.set_postfix(auc=fmt(record.global_auc), worst=fmt(record.worst_site_auc))
-        bar.update(1)
+        progress.round(record)
         raise_a_lost_stop()
+
+    def on_warmup_round(record) -> None:
+        progress.warmup_round(record)
+        raise_a_lost_stop()
+
+    def on_run(runs_dir: str, run_id: str) -> None:
+        _on_run(runs_dir)(run_id)
+        progress.name_class(_positive_class(runs_dir, run_id))
 
     try:
         if resume is not None:
-            _on_run(resume[0])(resume[1])
-            summary = _resume(resume, on_round)
+            on_run(*resume)
+            summary = _resume(resume, on_round, on_warmup_round)
         else:
-            summary = run_simulation(config, on_round, on_run=_on_run(config.runs_dir))
+            summary = run_simulation(
+                config,
+                on_round,
+                on_run=lambda run_id: on_run(config.runs_dir, run_id),
+                on_warmup_round=on_warmup_round,
+            )
     finally:
-        bar.close()
+        progress.close()
     if register:
         from fed_auc.registry.register import register_model
 
@@ -172,22 +183,30 @@ def simulate(
     else:
         from fed_auc.run.headline import summary_headline
 
-        aucs = summary["global_auc"]
         print(
-            f"run {summary['run_id']}: pooled test AUC: {summary_headline(summary)} "
-            f"(round 0: {fmt(aucs[0])}); worst site at the last round "
-            f"{fmt(summary['worst_site_auc'][-1])}"
+            f"run {summary['run_id']}: {summary_headline(summary)}; round 0: pooled "
+            f"AUC {fmt(summary['global_auc'][0])}"
         )
         print(f"model and model card: {Path(summary['model_path']).parent}")
     return summary
 
 
-def _resume(resume: tuple[str, str], on_round) -> dict[str, Any]:
+def _positive_class(runs_dir: str, run_id: str) -> str:
+    """The positive class the run ``run_id`` recorded for its sites, in words."""
+    from fed_auc.metrics.wording import class_text
+    from fed_auc.store.facts import run_facts
+    from fed_auc.store.run_store import RunStore
+
+    with RunStore(runs_dir) as store:
+        return class_text(run_facts(store, run_id, store.run(run_id)["config"])["positive_class"])
+
+
+def _resume(resume: tuple[str, str], on_round, on_warmup_round) -> dict[str, Any]:
     from fed_auc.coordinator.errors import FederationError
     from fed_auc.simulation import resume_simulation
 
     try:
-        return resume_simulation(*resume, on_round=on_round)
+        return resume_simulation(*resume, on_round=on_round, on_warmup_round=on_warmup_round)
     except (ValueError, FederationError) as exc:
         raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
 
@@ -232,12 +251,16 @@ def leave_each_out(config: ExperimentConfig, as_json: bool) -> list[dict[str, An
 
 
 def print_leave_each_out(rows: list[dict[str, Any]]) -> None:
-    """One line per site: its held-out AUC beside its in-federation AUC, with their runs."""
+    """One line per site: the test AUC of the exported model of the run without it beside
+    that of the run with every site, each run named, and the positive class."""
+    from fed_auc.metrics.wording import class_text
+
     for row in rows:
         held, within = row["held_out_auc"], row["in_federation_auc"]
         print(
-            f"{row['site']:<20} held-out AUC {_aucs(held)} (run {row['held_out_run']})  "
-            f"in-federation AUC {_aucs(within)} (run {row['in_federation_run']})"
+            f"{row['site']:<20} held out: test AUC {_aucs(held)} (exported model of run "
+            f"{row['held_out_run']})  in federation: test AUC {_aucs(within)} (run "
+            f"{row['in_federation_run']}); positive class {class_text(row.get('positive_class'))}"
         )
 
 

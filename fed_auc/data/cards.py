@@ -45,6 +45,11 @@ SITE_FILE_NOTE = {
 }
 
 
+def site_positive_class(site: SiteData) -> list[str]:
+    """Per label, the class a site's AUCs are about: its file's name, else derived."""
+    return site.meta.get("positive_class") or positive_classes(site.label_names)
+
+
 def data_card(site: SiteData) -> dict[str, Any]:
     """The card of one site as a JSON-able dict."""
     meta = dict(site.meta)
@@ -53,13 +58,14 @@ def data_card(site: SiteData) -> dict[str, Any]:
         note = SITE_FILE_NOTE
     images = meta.pop("images", None)
     meta.pop("aspect", None)  # in the images' policy
+    meta.pop("positive_class", None)  # site_positive_class
     card: dict[str, Any] = {
         "site": site.name,
         "source": meta.pop("source", "unknown"),
         "license": meta.pop("license", "see the source dataset"),
         "label_names": list(site.label_names),
         # what every AUC and sensitivity of this site is about (fed_auc.data.labels)
-        "positive_class": meta.pop("positive_class", None) or positive_classes(site.label_names),
+        "positive_class": site_positive_class(site),
         # a site file's data spec and the SHA-256 of its data file (None: generated/partitioned)
         "data_spec": meta.pop("data_spec", None),
         "sha256": meta.pop("data_sha256", None),

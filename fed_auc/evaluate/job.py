@@ -24,6 +24,7 @@ from fed_auc.exchange import MODEL_FORMAT, EvaluationRequest, NodeFailure
 from fed_auc.metrics.operating_point import ScoreBins, figures
 from fed_auc.metrics.pooled import check_same_edges, pooled_from_bins, roc_from_bins
 from fed_auc.metrics.report import POOLED, calibration_rows, worst_site_auc
+from fed_auc.metrics.wording import BINNED_BOOTSTRAP, BOOTSTRAP, auc_text, class_text
 from fed_auc.models import DenseNetClassifier
 from fed_auc.registry.load import load_registered_model
 from fed_auc.store.run_store import RunStore
@@ -245,19 +246,39 @@ def record_local(
 
 
 def describe(results: dict[str, Any]) -> list[str]:
-    """One line per site and label (and per site that did not report), for the CLI."""
+    """One line per site and label (and per site that did not report), for the CLI: each AUC
+    with its interval's method and the positive class (``fed_auc.metrics.wording``)."""
+    positive = results.get("positive_class") or [None] * len(results["label_names"])
+    split = results.get("split", "test")
     lines = []
     for site, labels in results["sites"].items():
         mark = " (held out)" if site in results.get("held_out", []) else ""
-        for label, r in labels.items():
-            if r["auc"] is None:
-                text = r["note"]
-            else:
-                ci = "" if r["ci_lo"] is None else f" [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
-                text = f"AUC {r['auc']:.3f}{ci}"
-                if r.get("auc_error_bound") is not None:
-                    text += f" (binning error ≤ {r['auc_error_bound']:.4f})"
-            lines.append(f"{site + mark:<24} {label:<18} n {r['n']:<5} {text}")
+        for (label, r), named in zip(labels.items(), positive, strict=True):
+            lines.append(
+                f"{site + mark:<24} {label:<18} {split} n {r['n']:<5} {result_text(r, named)}"
+            )
     for site, reason in results.get("failures", {}).items():
         lines.append(f"{site:<24} did not report: {reason}")
     return lines
+
+
+def result_text(result: dict[str, Any], positive_class: str | None) -> str:
+    """One label's AUC with its interval and method, or why it is undefined; then the class.
+    A pooled entry of summed counts carries ``auc_error_bound``: its interval is a bootstrap
+    of the counts, its AUC exact within that bound."""
+    method = BOOTSTRAP
+    if result.get("auc_error_bound") is not None:
+        method = f"{BINNED_BOOTSTRAP}, binning error ≤ {result['auc_error_bound']:.4f}"
+    why = result["note"].removeprefix("AUC ") or "undefined"  # "undefined: no positives"
+    return auc_text(
+        result["auc"], result["ci_lo"], result["ci_hi"], method, class_text(positive_class), why
+    )
+
+
+def label_lines(labels: dict[str, dict[str, Any]], positive_class: list[str | None]) -> str:
+    """A site's labels on one line: ``result_text`` each, named by label where there are
+    several."""
+    texts = [result_text(r, p) for r, p in zip(labels.values(), positive_class, strict=True)]
+    if len(texts) == 1:
+        return texts[0]
+    return "; ".join(f"{label}: {text}" for label, text in zip(labels, texts, strict=True))

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.data.base import SiteData
-from fed_auc.data.cards import site_summary
+from fed_auc.data.cards import site_positive_class, site_summary
 from fed_auc.exchange import Broadcast, Evaluation, EvaluationRequest, Reply
 from fed_auc.metrics.auc import mean_auc
+from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.node.compute import Compute, compute_line
 from fed_auc.node.node import Node
 from fed_auc.node.policy.guard import PolicyGuard
@@ -124,10 +125,8 @@ class NodeHost:
         node = self._current()
         self.guard.evaluate(node.site, ("val", "test"), pooled, "evaluate")
         evaluation = node.evaluate(tensors, pooled=pooled, thresholds=thresholds)
-        shown = ", ".join(
-            f"{name} AUC {_fmt(mean_auc(split.aucs))}" for name, split in evaluation.splits.items()
-        )
-        self.echo(f"{node.name}: evaluated: {shown}, {evaluation.duration_s:.1f} s")
+        shown = f"{evaluated_text(evaluation, node.site)}, {evaluation.duration_s:.1f} s"
+        self.echo(f"{node.name}: evaluated the global model: {shown}")
         return evaluation
 
     def report(
@@ -151,5 +150,9 @@ class NodeHost:
         return site_report(data, request, tensors, compute)
 
 
-def _fmt(auc: float | None) -> str:
-    return "undefined" if auc is None else f"{auc:.3f}"
+def evaluated_text(evaluation: Evaluation, site: SiteData) -> str:
+    """``val AUC 0.812, test AUC 0.790, positive class malignant`` (the mean over labels
+    where there are several, said so)."""
+    mean = " (mean over labels)" if site.num_labels > 1 else ""
+    shown = [f"{name} {auc_text(mean_auc(s.aucs))}" for name, s in evaluation.splits.items()]
+    return ", ".join(shown) + f"{mean}, positive class {class_text(site_positive_class(site))}"

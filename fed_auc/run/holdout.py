@@ -103,7 +103,8 @@ def leave_each_out(
     """``train(held_out)`` runs one federation (its summary has ``evaluation``); one run with
     nothing held out, then one per site. Per site and label: held-out and in-federation AUC.
     ``sites`` None: the sites the run with nothing held out trained (its summary's
-    ``sites``: over Flower they are known once the nodes register), in its order."""
+    ``sites``: over Flower they are known once the nodes register), in its order. Each row
+    names the positive class of the AUCs (the run with every site's)."""
     if inside is None:
         inside = train([])
     if sites is None:
@@ -120,6 +121,7 @@ def leave_each_out(
                 "in_federation_auc": within,
                 "held_out_run": outside["run_id"],
                 "in_federation_run": inside["run_id"],
+                "positive_class": inside.get("positive_class"),
             }
         )
     return rows

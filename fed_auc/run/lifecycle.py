@@ -30,6 +30,7 @@ from fed_auc.registry.card import (
     privacy_card,
 )
 from fed_auc.registry.export import export_model
+from fed_auc.run.headline import exported_sites
 from fed_auc.run.initial import INIT_FILE, StartingPoint, load_starting_point, starting_point
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
@@ -50,13 +51,15 @@ def open_run(
     resuming: bool,
     pooled_scoring: bool = True,
     start: StartingPoint | None = None,
+    on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> tuple[Coordinator, NodeSetup]:
     """Open the run ``run_id`` on its known ``sites``, the one way for both transports: the
     network (seeded), the nodes' setup, the warm-up (unless the run already has rounds), the
     coordinator, and the store's first rows, or (``resuming``) the last checkpoint.
     ``nodes_for(setup, folder)``: the transport to the sites' nodes running ``setup``, their
     state under ``folder`` of the run ("" for the main run, "warmup"). ``start``: the round-0
-    network when the caller built it already (``starting_point``, before the run existed)."""
+    network when the caller built it already (``starting_point``, before the run existed).
+    ``on_warmup_round``: told each warm-up round (``on_round`` of ``train_and_close``)."""
     run_dir = Path(config.runs_dir) / run_id
     if start is None:
         start = starting_point(config, sites.num_labels, sites.label_names)
@@ -85,6 +88,7 @@ def open_run(
                 personal,
                 sites.record,
                 sites.fixed_steps,
+                on_warmup_round,
             )  # fmt: skip
         )
     coordinator = start_coordinator(
@@ -222,6 +226,8 @@ def close_run(
     init = run_dir / INIT_FILE
     card["init"] = json.loads(init.read_text()) if init.is_file() else None
     summary["exported_auc"] = card["global_auc"]
+    summary["exported_sites"] = exported_sites(card["sites"])  # its worst site: the headline's
+    summary["positive_class"] = card["positive_class"]
     summary["threshold"] = thresholds
     if exported is not None:
         store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])

@@ -15,6 +15,7 @@ from fed_auc.coordinator.loop import Coordinator
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
 from fed_auc.run.start import secure_aggregation
+from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore, git_revision
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
 
@@ -30,6 +31,7 @@ def warm_start(
     personal: Collection[str] = (),
     record: dict[str, Any] | None = None,
     fixed_steps: dict[str, int] | None = None,
+    on_round: Callable[[RoundRecord], None] | None = None,
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
@@ -37,7 +39,8 @@ def warm_start(
     ``transport_for(warm_run_id, hyperparameters)`` reaches the same sites' nodes for that
     run (fedavg with these hyperparameters, cross-entropy). ``personal``: tensors the nodes
     keep (personal heads), as in the main run; ``fixed_steps``: the τ_i sites set in their own
-    files, which the warm-up asks for as the main run does (a Flower node runs them anyway)."""
+    files, which the warm-up asks for as the main run does (a Flower node runs them anyway).
+    ``on_round``: told each warm-up round as it is recorded (a progress bar counts them)."""
     options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
     hyperparameters = ExperimentConfig(**options).backend_hyperparameters()
     backend = build_backend("fedavg", **hyperparameters)
@@ -62,7 +65,7 @@ def warm_start(
         secure=secure_aggregation(config),  # the warm-up's replies are as private
     )
     try:
-        coordinator.run(config.warmup_rounds)
+        coordinator.run(config.warmup_rounds, on_round)
     finally:
         coordinator.close()
     store.finish_run(warm_id, "completed", {"warmup_for": run_id})

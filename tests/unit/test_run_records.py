@@ -21,11 +21,12 @@ def test_runs_prints_the_exported_auc_with_its_round_and_the_last_round(tmp_path
     complete = lines[ids["complete"]]
     # the model card's number first, its round named; the last round's after it, named too
     last = dashboard_store._round(2, {"south": "dropped"}).global_auc
-    assert f"exported model (round {dashboard_store.EXPORTED_ROUND}) AUC 0.610" in complete
-    assert f"last round (2) {last:.3f}" in complete
+    exported = f"exported model (round {dashboard_store.EXPORTED_ROUND}): pooled test AUC 0.610"
+    assert exported in complete
+    assert f"last round (2): pooled AUC {last:.3f}" in complete
     assert complete.index("exported model") < complete.index("last round")
     # a run that exported nothing (failed) reports its last round, named as such
-    assert "last round (0) AUC" in lines[ids["failed"]]
+    assert "last round (0): pooled test AUC" in lines[ids["failed"]]
     assert "no exported model" in lines[ids["failed"]]
 
     assert main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
@@ -41,10 +42,16 @@ def test_runs_prints_the_exported_auc_with_its_round_and_the_last_round(tmp_path
 def test_the_simulate_summary_line_leads_with_the_exported_model():
     from fed_auc.run.headline import summary_headline
 
-    summary = {"global_auc": [0.5, 0.8, 0.889], "exported_auc": 0.885, "selected_round": 1}
-    assert summary_headline(summary) == "exported model (round 1) AUC 0.885; last round (2) 0.889"
+    summary = {"global_auc": [0.5, 0.8, 0.889], "exported_auc": 0.885, "selected_round": 1,
+               "positive_class": ["malignant"]}  # fmt: skip
+    assert summary_headline(summary) == (
+        "exported model (round 1): pooled test AUC 0.885, positive class malignant; "
+        "last round (2): pooled AUC 0.889"
+    )
     summary |= {"averaged_rounds": [1, 2]}
-    assert summary_headline(summary).startswith("exported model (mean of rounds [1, 2]) AUC 0.885")
+    assert summary_headline(summary).startswith(
+        "exported model (mean of rounds [1, 2]): pooled test AUC 0.885"
+    )
 
 
 # -- the positive class, by name -------------------------------------------------------------

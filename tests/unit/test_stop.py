@@ -23,7 +23,7 @@ def test_a_stop_swallowed_by_a_finalizer_stops_the_run_at_the_next_round(
         def __del__(self) -> None:  # the signal lands while a finalizer runs
             signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
 
-    def run_simulation(config, on_round, on_run=None):
+    def run_simulation(config, on_round, on_run=None, on_warmup_round=None):
         Finalizer()  # collected at once: its KeyboardInterrupt is swallowed
         for round_ in range(1, 4):
             rounds_seen.append(round_)

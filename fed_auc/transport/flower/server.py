@@ -20,8 +20,10 @@ from flwr.serverapp import Grid, ServerApp
 from fed_auc.coordinator.errors import FederationError
 from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
+from fed_auc.data.labels import federation_positive_class
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import FlowerSettings
+from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.models import build_model
 from fed_auc.run.holdout import TrainingSites, evaluate_export
 from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
@@ -100,9 +102,13 @@ def run_experiment(
                 **identities.record(sites),  # the sites' keys, kept for a resumed coordinator
             },
         )
+        positive_class = federation_positive_class(list(run_sites.cards.values()))
         coordinator, setup = open_run(
             config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),
             resume, settings.pooled_scoring,
+            on_warmup_round=lambda r: log(
+                _progress(r, positive_class, f"warm-up {r.round}/{config.warmup_rounds}")
+            ),
         )  # fmt: skip
         if coordinator.committed_round is not None:
             log(f"run {run_id}: resumed after round {coordinator.committed_round}")
@@ -116,7 +122,7 @@ def run_experiment(
         run_dir,
         setup.model_config,
         cards,
-        on_round=lambda r: log(_progress(r)),
+        on_round=lambda r: log(_progress(r, positive_class)),
         thresholds=settings.pooled_scoring,
     )
     summary["sites"] = sites  # the registered sites that trained, in federation order
@@ -166,14 +172,18 @@ def _provisional(config: ExperimentConfig) -> ExperimentConfig:
         return config.with_data_kind(False)
 
 
-def _progress(record: RoundRecord) -> str:
+def _progress(
+    record: RoundRecord, positive_class: list[str] | None, name: str | None = None
+) -> str:
+    """The coordinator's line per round (``name``: ``round 7``, or ``warm-up 3/10``): who
+    answered, pooled and mean site test AUC of the global model, the positive class."""
     status = [s.status for s in record.sites]
-    auc = "n/a" if record.global_auc is None else f"{record.global_auc:.3f}"
-    mean = "n/a" if record.mean_site_auc is None else f"{record.mean_site_auc:.3f}"
     done = status.count("completed")
+    mean = auc_text(record.mean_site_auc, undefined="n/a")
+    pooled = auc_text(record.global_auc, positive_class=class_text(positive_class), undefined="n/a")
     return (
-        f"round {record.round}: {done}/{len(status)} sites completed, dropped "
-        f"{status.count('dropped')}, pooled AUC {auc}, mean site AUC {mean}, "
+        f"{name or f'round {record.round}'}: {done}/{len(status)} sites completed, dropped "
+        f"{status.count('dropped')}, test set: mean site {mean}, pooled {pooled}, "
         f"{record.duration_s or 0:.1f} s"
     )
 

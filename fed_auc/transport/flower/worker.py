@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from fed_auc.data.base import SiteData
+from fed_auc.data.cards import site_positive_class
+from fed_auc.evaluate.job import label_lines
 from fed_auc.exchange import EvaluationRequest, NodeRefused
 from fed_auc.node.build import build_node
 from fed_auc.node.host import NodeHost
@@ -85,8 +87,8 @@ class NodeWorker:
         tensors = frame_tensors((header, buffers), self._cache)
         data, compute = self._site_data(setup), self.site.compute()
         report = self.host.report(request, tensors, setup.run_id, data, compute)
-        shown = ", ".join(
-            f"{split} AUC " + " ".join(_fmt(r["auc"]) for r in labels.values())
+        shown = "; ".join(
+            f"{split} {label_lines(labels, site_positive_class(data))}"
             for split, labels in report["splits"].items()
         )
         self.echo(f"{self.site.name}: evaluation job {setup.run_id}: {shown}, "
@@ -112,7 +114,3 @@ class NodeWorker:
             data = self.site.load(setup.image_size, setup.num_labels, setup.seed, setup.data_scale)
             self._data = (key, data)
         return self._data[1]
-
-
-def _fmt(auc: float | None) -> str:
-    return "undefined" if auc is None else f"{auc:.3f}"
