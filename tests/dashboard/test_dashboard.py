@@ -167,7 +167,7 @@ def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_
     assert not at.exception
     table = at.dataframe[0].value
     with RunStore(store_dir) as store:
-        for run_id, algorithm in (("run-complete", "codasca"), ("run-other", "fedavg")):
+        for run_id in ("run-complete", "run-other"):
             rounds = store.rounds(run_id)
             row = table.loc[run_id]
             total = (rounds["bytes_up"].sum() + rounds["bytes_down"].sum()) / 1e6

@@ -159,3 +159,62 @@ def test_the_evaluations_forest_axis_names_class_and_method(monkeypatch, store_d
     (chart,) = charts_of(at)
     titles = _axis_titles(json.loads(chart.spec))
     assert any(POSITIVE in t and BOOTSTRAP in t for t in titles), titles
+
+
+def _local_sites() -> dict:
+    """Two sites' test splits with overlapping scores, and their scores: what local
+    ``fed-auc evaluate --site`` holds in memory after scoring."""
+    import numpy as np
+    import torch
+
+    from fed_auc.data.base import SiteData, Split
+
+    out = {}
+    for i, (name, n) in enumerate((("north", 90), ("south", 70))):
+        rng = np.random.default_rng(i)
+        y = (rng.random(n) < 0.35).astype(np.float32)
+        s = np.clip(rng.normal(0.4 + 0.2 * y, 0.18), 0, 1)
+        split = Split(torch.rand(n, 1, 8, 8), torch.from_numpy(y[:, None]))
+        out[name] = (SiteData(name, split, split, split, ["finding"]), y, s)
+    return out
+
+
+def test_a_local_evaluation_shows_the_pooled_interval_it_printed(monkeypatch, tmp_path):
+    """``fed-auc evaluate --site`` scores every image on one machine: its pooled AUC is the
+    scores pooled, recorded and shown as printed (not the binned counts' approximation), and
+    captioned as computed locally."""
+    import numpy as np
+
+    from fed_auc.evaluate.job import describe, record_local
+    from fed_auc.exchange import EvaluationRequest
+    from fed_auc.metrics.report import POOLED, label_result
+
+    sites = _local_sites()
+    results = {"label_names": ["finding"], "positive_class": [POSITIVE], "bootstrap": 200,
+               "tta": "none", "sites": {}}  # fmt: skip
+    for name, (_, y, s) in sites.items():
+        results["sites"][name] = {"finding": label_result(y, s, 0.5, 200, 0)}
+    y = np.concatenate([v[1] for v in sites.values()])
+    s = np.concatenate([v[2] for v in sites.values()])
+    results["sites"][POOLED] = {"finding": label_result(y, s, 0.5, 200, 0)}
+    request = EvaluationRequest("fed-auc-model/1", {}, ["finding"], [0.5], "none", ["test"],
+                                200, 0)  # fmt: skip
+    card = {"run_id": "train-1", "label_names": ["finding"], "positive_class": [POSITIVE]}
+    files = {"json": str(tmp_path / "out" / "evaluation.json")}
+    run_id = record_local(tmp_path, results, request, card, tmp_path / "model",
+                          {n: v[0] for n, v in sites.items()}, files)  # fmt: skip
+    printed = results["sites"][POOLED]["finding"]
+    line = next(x for x in describe(results) if x.startswith(POOLED))
+    assert f"[{printed['ci_lo']:.3f}, {printed['ci_hi']:.3f}]" in line  # the console's
+
+    (job,) = evaluations_data.jobs(tmp_path, run_id).to_dict("records")
+    stored = job["pooled"]["finding"]
+    assert (stored["auc"], stored["ci_lo"], stored["ci_hi"]) == (
+        printed["auc"], printed["ci_lo"], printed["ci_hi"]
+    )  # fmt: skip
+    at = open_page(monkeypatch, tmp_path, "evaluations", run_id)
+    table = at.dataframe[0].value.set_index("kind")
+    assert table.loc["pooled", "95 % CI"] == f"{printed['ci_lo']:.3f}–{printed['ci_hi']:.3f}"
+    assert table.loc["pooled", "CI method"] == BOOTSTRAP
+    caption = " ".join(c.value for c in at.caption)
+    assert "locally" in caption and "binned" not in caption, caption
