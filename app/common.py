@@ -68,17 +68,17 @@ def load_run(run_id: str) -> RunData:
 
 
 def run_picker() -> None:
-    """Sidebar select box of runs, newest first, each as id · algorithm (what fits the box at
-    any window width); under it the picked run's whole label, wrapped, so that runs can be
-    told apart (algorithm · data · transport · sites · AUC · status · start · id)."""
+    """Sidebar select box of runs, newest first, each by its id (what fits the box at any
+    window width); under it the picked run's whole label, wrapped, so that runs can be told
+    apart (algorithm · data · transport · sites · AUC · status · start · id · positive
+    class)."""
     runs = load_runs()
     st.sidebar.caption(f"Run store: `{queries.store_path(runs_dir())}`")
     if runs is None or runs.empty:
         return
-    labels = dict(zip(runs["id"], runs["picker_label"], strict=True))
-    if st.session_state.get(RUN_KEY) not in labels:
+    if st.session_state.get(RUN_KEY) not in set(runs["id"]):
         st.session_state[RUN_KEY] = landing_run(runs)
-    st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key=RUN_KEY)
+    st.sidebar.selectbox("Run", list(runs["id"]), key=RUN_KEY)  # the id: it fits the box
     row = runs[runs["id"] == st.session_state[RUN_KEY]].iloc[0]
     st.sidebar.caption(f"{row['label']} · positive class {row['positive_class']}")
 

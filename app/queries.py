@@ -89,7 +89,6 @@ def runs(runs_dir: str | Path) -> pd.DataFrame:
     frame["final_auc"] = [auc for auc, _ in heads]
     frame["auc_of"] = [of for _, of in heads]
     frame["label"] = [run_label(row) for row in frame.to_dict("records")]
-    frame["picker_label"] = [picker_label(row) for row in frame.to_dict("records")]
     frame["derived_from"] = derived_from(runs_dir, frame)
     return frame
 
@@ -188,17 +187,6 @@ def headline_auc(run: dict[str, Any]) -> tuple[float | None, str]:
         return summary["exported_auc"], EXPORTED_AUC
     last = run.get("last_auc")
     return (None if last is None or last != last else float(last)), LAST_ROUND_AUC
-
-
-def picker_label(run: dict[str, Any]) -> str:
-    """id · algorithm (or warm-up / evaluation): what fits the sidebar's select box; the
-    whole ``run_label`` is written out under it."""
-    kind = run["algorithm"]
-    if warmup_for(run):
-        kind = "warm-up"
-    elif kind == "evaluate":
-        kind = "evaluation"
-    return f"{run['id']} · {kind}"
 
 
 def run_label(run: dict[str, Any]) -> str:

@@ -132,8 +132,9 @@ def body(data: RunData) -> None:
     st.subheader("All runs")
     table = runs_table(common.load_runs())
     st.caption(
-        f"{FINAL_AUC}: the exported model's pooled test AUC (its model card's), else the last "
-        "round's; an evaluation job's pooled test AUC. Each about its run's positive class."
+        f"{FINAL_AUC}: (export) the exported model's pooled test AUC, its model card's; (last "
+        "round) the last round's; (evaluation) an `evaluate` run's pooled test AUC. Each is "
+        "about its run's positive class."
     )
     st.dataframe(table, hide_index=True, width="stretch")  # every column in view on a laptop
 

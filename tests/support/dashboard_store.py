@@ -146,8 +146,8 @@ def fill(runs_dir: Path) -> dict[str, str]:
 
 
 def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
-    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards, for
-    readability at any federation size; returns its id."""
+    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards (each
+    split's intensity), for readability at any federation size; returns its id."""
     names = [f"site_{i:02d}" for i in range(n_sites)]
     rng = np.random.default_rng(n_sites)
     with RunStore(runs_dir) as store:
@@ -164,6 +164,11 @@ def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
                         "intensity_mean": float(rng.random()),
                         "intensity_std": float(rng.random()),
                     },  # fmt: skip
+                    **{
+                        split: {"n": 30, "intensity_mean": float(rng.random()),
+                                "intensity_std": float(rng.random())}
+                        for split in ("val", "test")
+                    },  # every split's intensity, as a real card has: the widest table
                 }
                 for name in names
             },
