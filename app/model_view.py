@@ -37,8 +37,12 @@ class ModelChoice:
 
     @property
     def caption(self) -> str:
-        ci = f"95 % CIs: {self.ci_method} ({self.ci_source})"
-        return f"{self.title}; test split of each site; {ci}"
+        return f"{self.title}; test split of each site"
+
+    @property
+    def ci_text(self) -> str:
+        """How its per-site AUC intervals were computed, beside them on the page."""
+        return f"95 % CIs of the site AUCs: {self.ci_method} ({self.ci_source})"
 
 
 def thresholds_of(data: RunData) -> tuple[list[float], str]:

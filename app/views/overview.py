@@ -39,7 +39,7 @@ def headline(data: RunData) -> None:
 
 def describe(choice, table: pd.DataFrame, cover) -> str:
     """Which sites the figures cover, the worst site's counts, and who is missing."""
-    parts = [f"{choice.caption}; pooled, mean and worst over {cover.sentence()}"]
+    parts = [f"{choice.caption}; pooled, mean and worst over {cover.sentence()}; {choice.ci_text}"]
     if cover.worst_site is not None:
         worst = table.set_index("site").loc[cover.worst_site]
         ci = (

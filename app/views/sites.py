@@ -57,9 +57,10 @@ def performance(data: RunData) -> None:
     cols[2].metric("Worst-site AUC", fmt(cover.worst_auc))
     cols[3].metric("Sites with a one-class test split", len(cover.scored) - len(cover.defined))
     st.caption(
-        f"{choice.caption}. Mean and worst over {cover.sentence()}. Sorted by the lower end of "
-        f"the 95 % CI. 'few cases': under {MIN_CLASS_COUNT} test positives or negatives, so its "
-        "AUC is mostly noise. An AUC is undefined only where the test split has one class."
+        f"{choice.caption}; {choice.ci_text}. Mean and worst over {cover.sentence()}. Sorted "
+        f"by the lower end of the 95 % CI. 'few cases': under {MIN_CLASS_COUNT} test positives "
+        "or negatives, so its AUC is mostly noise. An AUC is undefined only where the test "
+        "split has one class."
     )
     for site in cover.missing:
         st.warning(f"{site}: {table.set_index('site').loc[site, 'note']}")

@@ -77,7 +77,7 @@ def test_the_sites_page_shows_the_jobs_interval_and_names_its_method(monkeypatch
         if result["auc"] is not None:
             assert table.loc[site, column] == f"{result['ci_lo']:.3f}–{result['ci_hi']:.3f}"
             assert table.loc[site, f"AUC ({POSITIVE})"] == f"{result['auc']:.3f}"
-    assert f"95 % CIs: {BOOTSTRAP} (evaluation job {job}" in texts(at)
+    assert f"95 % CIs of the site AUCs: {BOOTSTRAP} (evaluation job {job}" in texts(at)
     at.radio(key="sites_model").set_value("Last round (2 of 2)").run()
     assert f"95 % CI ({HANLEY_MCNEIL})" in at.dataframe[0].value.columns  # a round's method
 
@@ -151,6 +151,14 @@ def test_every_auc_axis_names_the_positive_class(monkeypatch, store_dir, page, r
     aucs = [t for t in titles if "AUC" in t]
     assert aucs, titles
     assert all(POSITIVE in t for t in aucs), aucs
+
+
+@pytest.mark.parametrize("page", ["roc", "operating_point"])
+def test_roc_and_calibration_axes_name_the_positive_class(monkeypatch, store_dir, page):
+    path, _ = store_dir
+    at = open_page(monkeypatch, path, page, "run-complete")
+    titles = [t for c in charts_of(at) for t in _axis_titles(json.loads(c.spec))]
+    assert any(POSITIVE in t for t in titles), titles
 
 
 def test_the_evaluations_forest_axis_names_class_and_method(monkeypatch, store_dir):
