@@ -68,16 +68,19 @@ def load_run(run_id: str) -> RunData:
 
 
 def run_picker() -> None:
-    """Sidebar select box of runs, newest first, labelled so that runs can be told apart
-    (algorithm · data · transport · sites · final AUC · status · start · id)."""
+    """Sidebar select box of runs, newest first, each by its id (what fits the box at any
+    window width); under it the picked run's whole label, wrapped, so that runs can be told
+    apart (algorithm · data · transport · sites · AUC · status · start · id · positive
+    class)."""
     runs = load_runs()
     st.sidebar.caption(f"Run store: `{queries.store_path(runs_dir())}`")
     if runs is None or runs.empty:
         return
-    labels = dict(zip(runs["id"], runs["label"], strict=True))
-    if st.session_state.get(RUN_KEY) not in labels:
+    if st.session_state.get(RUN_KEY) not in set(runs["id"]):
         st.session_state[RUN_KEY] = landing_run(runs)
-    st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key=RUN_KEY)
+    st.sidebar.selectbox("Run", list(runs["id"]), key=RUN_KEY)  # the id: it fits the box
+    row = runs[runs["id"] == st.session_state[RUN_KEY]].iloc[0]
+    st.sidebar.caption(f"{row['label']} · positive class {row['positive_class']}")
 
 
 def landing_run(runs: pd.DataFrame) -> str:
@@ -147,7 +150,6 @@ def status_banner(data: RunData) -> None:
     planned = data.planned_rounds
     progress = f"round {done if done is not None else '–'} of {planned or '?'}"
     st.caption(f"Run {run['id']} · {run['algorithm']} · {run['status']} · {progress}")
-    st.sidebar.caption(_describe(run))
     warmup_link(data)
     if run["status"] == "failed":
         error = (run.get("summary") or {}).get("error", "no error message recorded")
@@ -192,11 +194,6 @@ def warmup_link(data: RunData) -> None:
         button, on_click=_open_run, args=(other,), key="warmup_link"
     ):
         st.rerun()  # the whole app (a live run's page is a fragment): the picker follows
-
-
-def _describe(run: dict) -> str:
-    """The picked run's whole label, wrapped (the select box cuts it)."""
-    return str(run["label"])
 
 
 def page(body: Callable[[RunData], None]) -> None:

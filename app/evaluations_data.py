@@ -15,7 +15,11 @@ from typing import Any
 import pandas as pd
 
 from app.queries import _frame, _has_table
+from app.tables import auc_header, readable
 from fed_auc.metrics.operating_point import ScoreBins
+from fed_auc.metrics.wording import BINNED_BOOTSTRAP, BOOTSTRAP, interval_text
+
+POOLED_SCORES = "scores"  # fed_auc.evaluate.job.POOLED_SCORES: pooled from the scores
 
 POOLED = "pooled"
 
@@ -57,15 +61,22 @@ def forest(job: pd.Series, sites: pd.DataFrame, label: str) -> pd.DataFrame:
             continue
         r = row.labels[label]
         kind = "held out" if row.held_out else "trained on"
-        rows.append(_forest_row(row.site, r, kind))
+        rows.append(_forest_row(row.site, r, kind, BOOTSTRAP))
     pooled = (job["pooled"] or {}).get(label)
     if pooled is not None:
         covered = ", ".join(pooled.get("pooled_sites", []))
-        rows.append(_forest_row(f"pooled ({covered})", pooled, POOLED))
+        rows.append(_forest_row(f"pooled ({covered})", pooled, POOLED, pooled_method(pooled)))
     return pd.DataFrame(rows)
 
 
-def _forest_row(site: str, r: dict[str, Any], kind: str) -> dict[str, Any]:
+def pooled_method(pooled: dict[str, Any]) -> str:
+    """How a pooled entry's CI was made: a bootstrap of the scores pooled where they were
+    scored (local evaluation), else of the sites' summed score counts (stores written before
+    ``pooled_from`` recorded only the latter)."""
+    return BOOTSTRAP if pooled.get("pooled_from") == POOLED_SCORES else BINNED_BOOTSTRAP
+
+
+def _forest_row(site: str, r: dict[str, Any], kind: str, method: str) -> dict[str, Any]:
     return {
         "site": site,
         "kind": kind,
@@ -74,9 +85,34 @@ def _forest_row(site: str, r: dict[str, Any], kind: str) -> dict[str, Any]:
         "auc": r["auc"],
         "ci_lo": r["ci_lo"],
         "ci_hi": r["ci_hi"],
+        "method": method,
         "error_bound": r.get("auc_error_bound"),
         "note": r.get("note") or "",
     }
+
+
+def readable_forest(frame: pd.DataFrame, positive: str) -> pd.DataFrame:
+    """The forest plot's rows as a table a person reads: the AUC named by its positive class
+    (or why it is undefined), the 95 % CI as one cell beside its method, counts as integers,
+    the binning's error bound where there is one, "—" for what there is not."""
+    pooled = frame["kind"] == POOLED
+    shown = pd.DataFrame(
+        {  # the pooled row's sites are in the plot and the caption: "pooled (4 sites)" here
+            "site": frame["site"].where(~pooled, f"pooled ({frame['site'].size - 1} sites)"),
+            "kind": frame["kind"],
+            "n": frame["n"],
+            "positives": frame["positives"],
+            auc_header(positive): [
+                r.note if r.auc is None or r.auc != r.auc else f"{r.auc:.3f}"
+                for r in frame.itertuples()
+            ],
+            "95 % CI": [interval_text(r.ci_lo, r.ci_hi) for r in frame.itertuples()],
+            "CI method": frame["method"],
+            "bin error ≤": frame["error_bound"],
+        }
+    )
+    return readable(shown, dict.fromkeys(shown.columns) | {"n": 0, "positives": 0,
+                                                           "bin error ≤": 4})  # fmt: skip
 
 
 def failures(job: pd.Series) -> pd.DataFrame:

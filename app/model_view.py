@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from app.queries import RunData
+from app.tables import auc_header, ci_header, readable
+from fed_auc.metrics.wording import BOOTSTRAP, HANLEY_MCNEIL, interval_text
 
 EXPORTED = "exported"  # fed_auc.run.lifecycle.EXPORTED: the store's name for the exported model
 LAST = "last"
@@ -30,10 +32,17 @@ class ModelChoice:
     title: str
     thresholds: list[float]
     threshold_note: str
+    ci_method: str = HANLEY_MCNEIL  # how its per-site 95 % CIs were computed
+    ci_source: str = "the round's evaluation at each site"
 
     @property
     def caption(self) -> str:
         return f"{self.title}; test split of each site"
+
+    @property
+    def ci_text(self) -> str:
+        """How its per-site AUC intervals were computed, beside them on the page."""
+        return f"95 % CIs of the site AUCs: {self.ci_method} ({self.ci_source})"
 
 
 def thresholds_of(data: RunData) -> tuple[list[float], str]:
@@ -63,11 +72,29 @@ def choices(data: RunData) -> list[ModelChoice]:
             if averaged
             else f"round {selected} of {planned}"
         )
-        out.append(ModelChoice(EXPORTED, selected, f"Exported model ({what})", thresholds, note))
+        job = scoring_job(data)
+        method, source = (
+            (HANLEY_MCNEIL, "the export's own evaluation at each site")
+            if job is None
+            else (BOOTSTRAP, f"evaluation job {job}, as on the Evaluations page")
+        )
+        title = f"Exported model ({what})"
+        out.append(ModelChoice(EXPORTED, selected, title, thresholds, note, method, source))
     evaluated = data.site_rounds.loc[data.site_rounds["n_test"].notna(), "round"]
     last = int(evaluated.max()) if not evaluated.empty else int(data.rounds["round"].max())
     out.append(ModelChoice(LAST, last, f"Last round ({last} of {planned})", thresholds, note))
     return out
+
+
+def scoring_job(data: RunData) -> str | None:
+    """The evaluation job whose per-site results stand for the exported model's test AUC: the
+    newest that scored it at every site its own evaluation covered (its bootstrap CIs, so the
+    same model and split show one interval wherever they appear); None if there is none."""
+    job = data.scoring_job
+    if job.empty:
+        return None
+    covered = set(data.evaluations["site"]) if not data.evaluations.empty else set()
+    return str(job["job"].iloc[0]) if covered <= set(job["site"]) else None
 
 
 def all_sites(data: RunData) -> list[str]:
@@ -78,6 +105,13 @@ def all_sites(data: RunData) -> list[str]:
 def _rows_at(data: RunData, choice: ModelChoice) -> pd.DataFrame:
     """Per scored site: auc, auc_lo, auc_hi, n_test, positives, negatives, note."""
     evaluations = data.evaluations
+    if choice.key == EXPORTED and scoring_job(data) is not None:  # labels: name → result
+        evaluations = data.scoring_job.assign(
+            labels=[
+                [{**r, "auc_lo": r["ci_lo"], "auc_hi": r["ci_hi"]} for r in labels.values()]
+                for labels in data.scoring_job["labels"]
+            ]
+        )
     if choice.key == EXPORTED and not evaluations.empty:
         rows = []
         for site, labels in zip(evaluations["site"], evaluations["labels"], strict=True):
@@ -243,3 +277,24 @@ def scored_per_round(data: RunData) -> pd.DataFrame:
     frame = counts.rename("scored").reset_index()
     frame["sites"] = len(all_sites(data))
     return frame
+
+
+def readable_status(
+    table: pd.DataFrame, extra: pd.DataFrame | None, positive: str, method: str
+) -> pd.DataFrame:
+    """The per-site table as read: AUC named by its positive class, the 95 % CI as one cell
+    named by its method, counts as integers, "—" where there is no value."""
+    shown = table.drop(columns=["scored"])
+    if extra is not None:
+        keep = [c for c in extra.columns if c.startswith("prevalence") or c in (
+            "n train", "personal AUC", "last round trained")]  # fmt: skip
+        shown = shown.join(extra[keep], on="site")
+    ci = [interval_text(lo, hi) for lo, hi in zip(shown["CI low"], shown["CI high"], strict=True)]
+    shown = shown.drop(columns=["CI high"]).rename(columns={"CI low": ci_header(method)})
+    shown[ci_header(method)] = ci
+    counts = ("positives", "negatives", "n train", "last round trained")
+    texts = ("site", "note", "status", ci_header(method))
+    digits = {c: 0 for c in counts} | {c: None for c in texts}
+    return readable(shown, digits).rename(
+        columns={"AUC": auc_header(positive), "personal AUC": auc_header(positive, "personal AUC")}
+    )

@@ -71,17 +71,23 @@ def runs(runs_dir: str | Path) -> pd.DataFrame:
         " AS last_auc, COALESCE(NULLIF((SELECT COUNT(*) FROM sites WHERE run_id = runs.id), 0),"
         " (SELECT COUNT(DISTINCT site) FROM site_rounds WHERE run_id = runs.id)) AS n_sites,"
         " (SELECT MIN(json_extract(summary, '$.source') = 'synthetic') FROM sites"
-        " WHERE run_id = runs.id) AS synthetic FROM runs ORDER BY started_at DESC",
+        " WHERE run_id = runs.id) AS synthetic, (SELECT json_group_array(json_object('site',"
+        " site, 'positive_class', json(json_extract(summary, '$.positive_class'))))"
+        " FROM sites WHERE run_id = runs.id) AS classes FROM runs ORDER BY started_at DESC",
     )
     frame["config"] = frame["config"].map(_loads)
     frame["summary"] = frame["summary"].map(_loads)
     frame["data_source"] = frame["config"].map(data_source)
     frame["transport"] = frame["config"].map(lambda c: (c or {}).get("transport", "local"))
     frame["synthetic"] = frame["synthetic"].fillna(0).astype(bool)
-    frame["final_auc"] = [
-        (summary or {}).get("exported_auc", last) if isinstance(summary, dict) else last
-        for summary, last in zip(frame["summary"], frame["last_auc"], strict=True)
+    cards = dict(zip(frame["id"], frame["classes"].map(_loads), strict=True))
+    frame["positive_class"] = [  # a warm-up's sites are its main run's
+        positive_class(cards.get(id_) or cards.get(warmup_for({"config": c}), None) or [])
+        for id_, c in zip(frame["id"], frame["config"], strict=True)
     ]
+    heads = [headline_auc(row) for row in frame.to_dict("records")]
+    frame["final_auc"] = [auc for auc, _ in heads]
+    frame["auc_of"] = [of for _, of in heads]
     frame["label"] = [run_label(row) for row in frame.to_dict("records")]
     frame["derived_from"] = derived_from(runs_dir, frame)
     return frame
@@ -159,10 +165,35 @@ def positive_class(summaries: Any) -> str:
     )
 
 
+EXPORTED_AUC = "export"  # what ``final_auc`` is, per kind of run: the exported model's
+LAST_ROUND_AUC = "last round"
+JOB_AUC = "evaluation"  # its pooled test AUC
+JOB_SITE_AUC = "evaluation, 1 site"  # a job of one site: that site's
+
+
+def headline_auc(run: dict[str, Any]) -> tuple[float | None, str]:
+    """A run's one AUC for lists (the picker, All runs, Compare) and what it is: the exported
+    model's pooled test AUC (its model card's, as ``fed_auc.run.headline`` prints it), else
+    the last round's; an evaluation job's pooled test AUC (the mean over its labels), else its
+    only site's."""
+    summary = run["summary"] if isinstance(run.get("summary"), dict) else {}
+    if run["algorithm"] == "evaluate":
+        per_site = (summary.get("auc") or {}).get("test") or {}
+        values = per_site.get("pooled") or (next(iter(per_site.values())) if per_site else [])
+        defined = [v for v in values or [] if v is not None]
+        of = JOB_AUC if "pooled" in per_site else JOB_SITE_AUC
+        return (sum(defined) / len(defined) if defined else None), of
+    if "exported_auc" in summary:
+        return summary["exported_auc"], EXPORTED_AUC
+    last = run.get("last_auc")
+    return (None if last is None or last != last else float(last)), LAST_ROUND_AUC
+
+
 def run_label(run: dict[str, Any]) -> str:
-    """algorithm · data source · transport · N sites · AUC · start · id: runs apart at a glance."""
+    """algorithm · data source · transport · N sites · AUC (of what) · status · start · id:
+    runs apart at a glance."""
     auc = run.get("final_auc")
-    auc_text = "AUC –" if auc is None or auc != auc else f"AUC {auc:.3f}"
+    auc_text = "AUC –" if auc is None or auc != auc else f"AUC {auc:.3f} ({run['auc_of']})"
     started = pd.to_datetime(run["started_at"], unit="s").strftime("%m-%d %H:%M")
     warm = warmup_for(run)
     parts = [
@@ -189,6 +220,7 @@ class RunData:
     sites: pd.DataFrame
     events: pd.DataFrame
     evaluations: pd.DataFrame  # model_evaluations rows, ``labels`` decoded (may be empty)
+    scoring_job: pd.DataFrame  # scoring_job's rows (may be empty)
 
     @property
     def planned_rounds(self) -> int | None:
@@ -237,7 +269,25 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
             runs_dir, "SELECT * FROM model_evaluations WHERE run_id = ? ORDER BY site", (run_id,)
         )
         evaluations["labels"] = evaluations["labels"].map(_loads)
-    return RunData(match.iloc[0].to_dict(), rounds, site_rounds, sites, events, evaluations)
+    job = scoring_job(runs_dir, run_id)
+    return RunData(match.iloc[0].to_dict(), rounds, site_rounds, sites, events, evaluations, job)
+
+
+def scoring_job(runs_dir: str | Path, run_id: str) -> pd.DataFrame:
+    """The newest evaluation job that scored the test split of the model ``run_id`` trained:
+    its run id (``job``), and per reporting site the labels' results (decoded ``labels``,
+    with the job's bootstrap CIs). Empty if no job did."""
+    if not _has_table(runs_dir, "evaluations"):
+        return pd.DataFrame(columns=["job", "site", "labels"])
+    frame = _frame(
+        runs_dir,
+        "SELECT run_id AS job, site, labels FROM evaluation_sites WHERE status = 'reported'"
+        " AND (run_id, split) = (SELECT run_id, split FROM evaluations WHERE model_run_id = ?"
+        " AND split = 'test' ORDER BY recorded_at DESC LIMIT 1) ORDER BY site",
+        (run_id,),
+    )
+    frame["labels"] = frame["labels"].map(_loads)
+    return frame
 
 
 def roc_points(runs_dir: str | Path, run_id: str, round_: int) -> dict[str, list[dict]]:

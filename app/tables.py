@@ -110,6 +110,14 @@ def heterogeneity_table(data: RunData) -> pd.DataFrame:
     return out
 
 
+def readable_cards(table: pd.DataFrame) -> pd.DataFrame:
+    """``heterogeneity_table`` as read, every column in view at 1280 px: short headers
+    (``train mean``, ``test SD``), 3 decimals, "—" where a card has no value."""
+    short = {c: c.replace(" intensity mean", " mean").replace(" intensity std", " SD")
+             for c in table.columns}  # fmt: skip
+    return readable(table, {}).rename(columns=short)
+
+
 def similarity(features: pd.DataFrame) -> pd.DataFrame:
     """Site × site similarity 1 / (1 + d) with d the RMS distance of z-scored features.
 
@@ -184,6 +192,51 @@ def roc_curves(rocs: dict[str, list[dict[str, Any]]], label: int) -> dict[str, d
     return {site: roc[label] for site, roc in rocs.items() if label < len(roc)}
 
 
+MISSING = "—"  # a table cell with no value (never "None", never blank)
+
+
+def cell(value: Any, digits: int | None = 3) -> Any:
+    """A table cell as read: a number at ``digits`` decimals (None: as it is), yes/no for a
+    flag, ``MISSING`` for None/NaN (one precision per quantity: 3 decimals for every AUC,
+    bound and prevalence)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return MISSING
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else "no"
+    if digits is not None and isinstance(value, int | float | np.integer | np.floating):
+        return f"{value:.{digits}f}"
+    return value if value != "" else MISSING
+
+
+def readable(frame: pd.DataFrame, digits: dict[str, int | None]) -> pd.DataFrame:
+    """``frame`` with each cell as ``cell`` writes it: ``digits`` per column (3 if unnamed;
+    None keeps the value, for text and counts). Text cells, so a missing value reads "—"."""
+    out = frame.copy()
+    for column in out.columns:
+        places = digits.get(column, 3)
+        out[column] = [cell(v, places) for v in out[column]]
+        if places is None:
+            out[column] = out[column].astype(str)
+    return out
+
+
+def class_short(positive_class: str) -> str:
+    """The positive class for a header or an axis: its name, or "label 1" where the run's
+    cards did not name it (``queries.positive_class``)."""
+    return "label 1" if positive_class.startswith("not recorded") else positive_class
+
+
+def auc_header(positive_class: str, what: str = "AUC") -> str:
+    """``AUC (malignant)``: a column or axis of AUCs says which class is positive, so that a
+    cropped screenshot still does."""
+    return f"{what} ({class_short(positive_class)})"
+
+
+def ci_header(method: str) -> str:
+    """``95 % CI (bootstrap)``: an interval column names the method that made it."""
+    return f"95 % CI ({method})"
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     """A number for a metric card, or "n/a" for None/NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -196,6 +249,23 @@ PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
            "#ff9da7", "#9c755f", "#bab0ac"]  # fmt: skip
 
 
+def compare_table(
+    rounds: pd.DataFrame, exported: dict[str, float | None], classes: dict[str, str]
+) -> pd.DataFrame:
+    """Per compared run (``rounds``: their rounds, a ``run`` column naming each): its positive
+    class, the exported model's pooled test AUC, the last round's pooled and worst-site AUC
+    and the MB sent, with headers short enough for every column to stay in view at 1280 px."""
+    final = rounds.groupby("run", sort=False).last()
+    out = pd.DataFrame(index=final.index.map(lambda r: r.split(" · ")[-1]).rename("run"))
+    out["positive class"] = [class_short(classes[r]) for r in final.index]
+    out["exported AUC"] = [exported[r] for r in final.index]
+    out["last round"] = final["round"].to_numpy()
+    out["last round: pooled AUC"] = final["global_auc"].to_numpy()
+    out["last round: worst site"] = final["worst_site_auc"].to_numpy()
+    out["MB sent"] = final["cumulative_mb"].to_numpy()
+    return readable(out, {"positive class": None, "last round": 0, "MB sent": 1})
+
+
 def differing_settings(configs: dict[str, dict]) -> pd.DataFrame:
     """Config keys whose values differ between the runs (one column per run)."""
     keys = sorted(set().union(*(c.keys() for c in configs.values())))
@@ -205,3 +275,36 @@ def differing_settings(configs: dict[str, dict]) -> pd.DataFrame:
         if len({repr(v) for v in values.values()}) > 1:
             rows[key] = {run: "–" if v is None else str(v) for run, v in values.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+FINAL_AUC = "AUC"
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run, as read: what tells runs apart, its AUC with what that AUC is (the figure
+    the run picker shows) and its positive class (in the AUC header when every run has the
+    same); "—" where there is none. Narrow enough to stay in view at 1280 px."""
+    classes = runs["positive_class"].map(class_short)
+    one = len(set(classes)) == 1
+    auc = auc_header(classes.iloc[0]) if one and len(classes) else FINAL_AUC
+    table = pd.DataFrame(
+        {
+            "id": runs["id"],
+            "algorithm": runs["algorithm"],
+            "data": [  # "synthetic" in the data column, not a column of its own
+                f"{source} (synthetic)" if synthetic and source != "synthetic" else source
+                for source, synthetic in zip(runs["data_source"], runs["synthetic"], strict=True)
+            ],
+            "transport": runs["transport"],
+            "sites": runs["n_sites"],
+            "status": runs["status"],
+            "rounds": runs["last_round"],  # the start: in the id, the picker's label
+            auc: [
+                MISSING if auc is None or auc != auc else f"{auc:.3f} ({of})"
+                for auc, of in zip(runs["final_auc"], runs["auc_of"], strict=True)
+            ],
+        }
+    )
+    if not one:
+        table["positive class"] = classes
+    return readable(table, dict.fromkeys(table.columns) | {"sites": 0, "rounds": 0})

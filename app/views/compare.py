@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import common
 from app.queries import RunData
-from app.tables import PALETTE, differing_settings
+from app.tables import PALETTE, auc_header, compare_table, differing_settings
 
 
 def body(data: RunData) -> None:
@@ -41,20 +41,13 @@ def body(data: RunData) -> None:
             **(run.run["config"] or {}),
         }
     table = pd.concat(frames, ignore_index=True)
-    final = table.groupby("run", sort=False).last()
-    final.columns = [
-        "last round", "last round: pooled test AUC", "last round: worst-site AUC", "total MB"
-    ]  # fmt: skip
-    final.insert(1, "exported model: pooled test AUC", final.index.map(exported))
+    classes = {name: c["positive class"] for name, c in configs.items()}
     st.caption(
-        "Test splits of all sites; the last round's figures cover the sites scored in it, the "
-        "exported model's is its model card's."
+        "Pooled test AUC over all sites' test splits; the last round's figures cover the sites "
+        "scored in it, the exported model's is its model card's. Each about its run's "
+        "positive class."
     )
-    st.dataframe(
-        final,
-        width="stretch",
-        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in final.columns[1:]},
-    )
+    st.dataframe(compare_table(table, exported, classes), width="stretch")
     settings = differing_settings(configs)
     st.subheader("Settings that differ")
     if len(configs) < 2:
@@ -71,6 +64,8 @@ def body(data: RunData) -> None:
         horizontal=True,
         format_func={"global_auc": "pooled test", "worst_site_auc": "worst site"}.get,
     )
+    one = set(classes.values())
+    axis = f"test {auc_header(one.pop()) if len(one) == 1 else 'AUC (each run’s positive class)'}"
     cols = st.columns(2)
     for col, x, title in (
         (cols[0], "round", "round"),
@@ -81,7 +76,7 @@ def body(data: RunData) -> None:
             .mark_line(point=True)
             .encode(
                 x=alt.X(f"{x}:Q", title=title),
-                y=alt.Y(f"{metric}:Q", title="test AUC", scale=alt.Scale(zero=False)),
+                y=alt.Y(f"{metric}:Q", title=axis, scale=alt.Scale(zero=False)),
                 color=alt.Color(
                     "run:N", scale=colors, legend=alt.Legend(orient="bottom", columns=1)
                 ),

@@ -9,7 +9,17 @@ import streamlit as st
 from app import common
 from app.charts import rows_autosize, rows_height
 from app.clinical import card_edge, operating_table, show_operating_tables
-from app.evaluations_data import failures, forest, jobs, label_bins, site_rows
+from app.evaluations_data import (
+    POOLED_SCORES,
+    failures,
+    forest,
+    jobs,
+    label_bins,
+    readable_forest,
+    site_rows,
+)
+from app.tables import auc_header, ci_header
+from fed_auc.metrics.wording import BOOTSTRAP
 
 COLOURS = alt.Scale(
     domain=["trained on", "held out", "pooled"], range=["#4c78a8", "#e45756", "#333333"]
@@ -18,7 +28,8 @@ COLOURS = alt.Scale(
 
 def body(run_id: str) -> None:
     st.title("Evaluations")
-    st.caption(f"Positive class: {common.positive_class_text(common.load_run(run_id))}")
+    positive = common.positive_class_text(common.load_run(run_id))
+    st.caption(f"Positive class: {positive}")
     table = jobs(common.runs_dir(), run_id)
     table = table[table["run_id"].isin(common.load_runs()["id"])]  # jobs the viewer may see
     if table.empty:
@@ -46,10 +57,8 @@ def body(run_id: str) -> None:
     where = "this run" if job_run == run_id else f"run {job_run}"
     st.caption(
         f"Model {job['model']} (trained in run {job['model_run_id']}), {split} split, scored "
-        f"in {where} over {job['transport']} at {len(sites)} site(s); held out (never "
-        "trained on): "
-        f"{', '.join(held) or 'none'}. CIs: percentile bootstrap on each node; pooled: from "
-        "the sites' binned score counts, its CI from resampling those counts."
+        f"in {where} {_how(job)} at {len(sites)} site(s); held out (never trained on): "
+        f"{', '.join(held) or 'none'}. {_methods(job, label)}"
     )
     frame = forest(job, sites, label)
     defined = frame.dropna(subset=["auc"])
@@ -60,25 +69,22 @@ def body(run_id: str) -> None:
             ),
             color=alt.Color("kind:N", scale=COLOURS, title=None),
         )
+        axis = f"{split} {auc_header(positive)}, {ci_header(BOOTSTRAP)}"
         bars = base.mark_rule().encode(
-            x=alt.X("ci_lo:Q", title="AUC (95 % CI)", scale=alt.Scale(domain=[0, 1])), x2="ci_hi:Q"
+            x=alt.X("ci_lo:Q", title=axis, scale=alt.Scale(domain=[0, 1])), x2="ci_hi:Q"
         )
         points = base.mark_point(filled=True, size=80).encode(
             x="auc:Q", shape=alt.Shape("kind:N", title=None),
-            tooltip=["site", "kind", "n", "positives", "auc", "ci_lo", "ci_hi", "error_bound"],
+            tooltip=["site", "kind", "n", "positives",
+                     alt.Tooltip("auc:Q", format=".3f", title=auc_header(positive)),
+                     alt.Tooltip("ci_lo:Q", format=".3f", title="95 % CI low"),
+                     alt.Tooltip("ci_hi:Q", format=".3f", title="95 % CI high"), "method"],
         )  # fmt: skip
         chart = (bars + points).properties(
             height=rows_height(len(defined)), autosize=rows_autosize()
         )  # one labelled row per site and the pooled row
         st.altair_chart(chart, width="stretch")
-    shown = frame.assign(
-        AUC=[
-            r.note if r.auc is None or r.auc != r.auc else f"{r.auc:.3f}"
-            for r in frame.itertuples()
-        ]
-    )
-    st.dataframe(shown[["site", "kind", "n", "positives", "AUC", "ci_lo", "ci_hi", "error_bound"]],
-                 hide_index=True, width="stretch")  # fmt: skip
+    st.dataframe(readable_forest(frame, positive), hide_index=True, width="stretch")
     missing = failures(job)
     if not missing.empty:
         st.warning("Sites that did not report: " + "; ".join(
@@ -95,6 +101,34 @@ def body(run_id: str) -> None:
         if note:
             st.warning(note)
         show_operating_tables(operating_table(bins, threshold), threshold)
+
+
+def _how(job) -> str:
+    """Where the scores were computed: on each node (over Flower, or in-process for a
+    simulated hold-out run), or all on this machine (local ``fed-auc evaluate --site``: an
+    ``evaluate`` run over the local transport)."""
+    runs = common.load_runs().set_index("id")
+    run = runs.loc[job["run_id"]] if job["run_id"] in runs.index else None
+    if job["transport"] == "flower":
+        return "on each node over Flower"
+    if run is not None and run["algorithm"] == "evaluate":
+        return "locally (every site's test images scored on one machine)"
+    return "on each in-process node"
+
+
+def _methods(job, label: str) -> str:
+    """The caption's sentence on how each interval was computed, as it was."""
+    sites = "95 % CIs: percentile bootstrap of each site's scores"
+    pooled = (job["pooled"] or {}).get(label)
+    if pooled is None:
+        return sites + "."
+    if pooled.get("pooled_from") == POOLED_SCORES:
+        return sites + "; pooled: all sites' scores together, the same bootstrap."
+    return (
+        sites + " (on its node); pooled: from the sites' binned score counts (no score left a "
+        "node), its CI a bootstrap of those counts, its AUC exact within the "
+        "'bin error ≤' column."
+    )
 
 
 def _job_label(job_run: str, run_id: str) -> str:

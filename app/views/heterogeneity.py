@@ -7,7 +7,7 @@ import streamlit as st
 from app import common
 from app.charts import constant, heatmap
 from app.queries import RunData
-from app.tables import heterogeneity_table, similarity
+from app.tables import heterogeneity_table, readable_cards, similarity
 
 
 def _line(frame: pd.DataFrame, column: str, title: str) -> alt.Chart:
@@ -30,9 +30,11 @@ def body(data: RunData) -> None:
     if table.empty and data.sites.empty:
         st.info("No data cards recorded for this run.")
     else:
-        st.dataframe(table, width="stretch")
+        st.dataframe(readable_cards(table), width="stretch")
         if not any("intensity" in c for c in table.columns):
             st.caption("No intensity statistics in this run's data cards.")
+        else:
+            st.caption("mean, SD: the pixel intensities' mean and standard deviation per split.")
         with st.expander("Full data-card summaries"):
             st.json({s: c for s, c in zip(data.sites["site"], data.sites["summary"], strict=True)})
 

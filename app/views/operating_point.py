@@ -17,7 +17,7 @@ from app.clinical import (
 )
 from app.model_view import EXPORTED, choices
 from app.queries import RunData
-from app.tables import label_names
+from app.tables import class_short, label_names
 
 
 def body(data: RunData) -> None:
@@ -56,6 +56,7 @@ def body(data: RunData) -> None:
     show_operating_tables(table, threshold)
     st.subheader("Calibration")
     calibration = calibration_frame(with_pooled(bins))
+    positive = common.positive_class_text(data)
     sites = calibration["site"].unique().tolist()
     pick = st.selectbox(
         "Site", sites, index=len(sites) - 1 if "pooled" in sites else 0, key="calibration_site"
@@ -74,7 +75,7 @@ def body(data: RunData) -> None:
     points = base.mark_point(filled=True).encode(
         y=alt.Y(
             "observed positive fraction:Q",
-            title="observed fraction of positives",
+            title=f"observed fraction of positives ({class_short(positive)})",
             scale=alt.Scale(domain=[0, 1]),
         ),
         size=alt.Size("images:Q", title="images"),

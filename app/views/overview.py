@@ -8,11 +8,11 @@ import streamlit as st
 from app import common
 from app.clinical import exported_bins, with_pooled
 from app.model_view import EXPORTED, choices, coverage, scored_per_round, site_status
-from app.queries import RunData
-from app.tables import fmt
+from app.queries import EXPORTED_AUC, RunData
+from app.tables import FINAL_AUC, auc_header, fmt, runs_table
 from fed_auc.metrics.operating_point import auc_from_bins
+from fed_auc.metrics.wording import interval_text
 
-FINAL_AUC = "final AUC"
 ROUND_AXIS = alt.Axis(format="d", tickMinStep=1)
 SERIES = {
     "global_auc": "pooled test AUC",
@@ -39,11 +39,11 @@ def headline(data: RunData) -> None:
 
 def describe(choice, table: pd.DataFrame, cover) -> str:
     """Which sites the figures cover, the worst site's counts, and who is missing."""
-    parts = [f"{choice.caption}; pooled, mean and worst over {cover.sentence()}"]
+    parts = [f"{choice.caption}; pooled, mean and worst over {cover.sentence()}; {choice.ci_text}"]
     if cover.worst_site is not None:
         worst = table.set_index("site").loc[cover.worst_site]
         ci = (
-            f", 95 % CI {worst['CI low']:.3f}–{worst['CI high']:.3f}"
+            f", 95 % CI {interval_text(worst['CI low'], worst['CI high'])} ({choice.ci_method})"
             if pd.notna(worst["CI low"])
             else ""
         )
@@ -59,12 +59,14 @@ def describe(choice, table: pd.DataFrame, cover) -> str:
 
 
 def _pooled_auc(data: RunData, choice) -> float | None:
-    """Exported: from the pooled binned counts; a round: the coordinator's pooled AUC."""
+    """Exported: its model card's pooled test AUC, the figure the run picker, All runs and
+    ``fed-auc runs`` show (the sites' binned counts only where the card has none: scores that
+    never left the sites); a round: the coordinator's pooled AUC."""
     if choice.key == EXPORTED:
+        if data.run["auc_of"] == EXPORTED_AUC and data.run["final_auc"] is not None:
+            return data.run["final_auc"]
         bins = with_pooled(exported_bins(data, 0))
-        if bins:
-            return auc_from_bins(bins.get("pooled") or next(iter(bins.values())))
-        return (data.run.get("summary") or {}).get("exported_auc")
+        return auc_from_bins(bins.get("pooled") or next(iter(bins.values()))) if bins else None
     row = data.rounds[data.rounds["round"] == choice.round]
     return None if row.empty else row["global_auc"].iloc[0]
 
@@ -81,6 +83,7 @@ def body(data: RunData) -> None:
         st.info("Only round 0 (the untrained model) is recorded so far.")
 
     scored = scored_per_round(data)
+    positive_auc = auc_header(common.positive_class_text(data))
     long = rounds.melt("round", list(SERIES), var_name="series", value_name="AUC")
     long["series"] = long["series"].map(SERIES)
     long = long.merge(scored, on="round", how="left")
@@ -92,7 +95,7 @@ def body(data: RunData) -> None:
         .mark_line(point=True)
         .encode(
             x=alt.X("round:Q", title="round", axis=ROUND_AXIS),
-            y=alt.Y("AUC:Q", title="test AUC", scale=alt.Scale(zero=False)),
+            y=alt.Y("AUC:Q", title=f"test {positive_auc}", scale=alt.Scale(zero=False)),
             color=alt.Color("series:N", title=None),
             tooltip=["round", "series", alt.Tooltip("AUC:Q", format=".3f"), "sites scored"],
         )
@@ -117,7 +120,7 @@ def body(data: RunData) -> None:
             .mark_line(point=len(sites["round"].unique()) < 40, invalid="break-paths-show-domains")
             .encode(
                 x=alt.X("round:Q", title="round", axis=ROUND_AXIS),
-                y=alt.Y("auc:Q", title="test AUC", scale=alt.Scale(zero=False)),
+                y=alt.Y("auc:Q", title=f"test {positive_auc}", scale=alt.Scale(zero=False)),
                 color=alt.Color(
                     "site:N", legend=alt.Legend(columns=2 if data.sites.shape[0] > 16 else 1)
                 ),
@@ -127,40 +130,13 @@ def body(data: RunData) -> None:
         st.altair_chart(per_site, width="stretch")
 
     st.subheader("All runs")
-    runs = common.load_runs()
-    table = runs[
-        [
-            "id",
-            "algorithm",
-            "data_source",
-            "transport",
-            "n_sites",
-            "status",
-            "last_round",
-            "final_auc",
-        ]  # fmt: skip
-    ].copy()
-    table.insert(6, "started", pd.to_datetime(runs["started_at"], unit="s"))
-    table["data_source"] = [  # "synthetic" in the data column, not a column of its own
-        f"{source} (synthetic)" if synthetic and source != "synthetic" else source
-        for source, synthetic in zip(runs["data_source"], runs["synthetic"], strict=True)
-    ]
-    table.columns = [
-        "id", "algorithm", "data", "transport", "sites", "status", "started",
-        "last round", FINAL_AUC,
-    ]  # fmt: skip
-    st.caption(f"{FINAL_AUC}: the exported model's pooled test AUC, else the last round's.")
-    st.dataframe(
-        table,
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
-            FINAL_AUC: st.column_config.NumberColumn(
-                format="%.3f", help="The exported model's pooled test AUC, else the last round's"
-            ),
-        },
-    )  # short headers: every column in view on a laptop
+    table = runs_table(common.load_runs())
+    st.caption(
+        f"{FINAL_AUC}: (export) the exported model's pooled test AUC, its model card's; (last "
+        "round) the last round's; (evaluation) an `evaluate` run's pooled test AUC. Each is "
+        "about its run's positive class."
+    )
+    st.dataframe(table, hide_index=True, width="stretch")  # every column in view on a laptop
 
 
 def _ranges(rounds: list[int]) -> str:

@@ -8,7 +8,7 @@ import streamlit as st
 from app import common
 from app.charts import constant, heatmap
 from app.queries import RunData
-from app.tables import STATUSES, bytes_per_round, compute_table, participation
+from app.tables import STATUSES, bytes_per_round, compute_table, participation, readable
 
 COLORS = ["#2e7d32", "#90caf9", "#e0e0e0", "#f9a825", "#ef6c00", "#c62828", "#9e9e9e"]
 
@@ -121,7 +121,9 @@ def _compute(data: RunData) -> None:
         )
     )
     st.altair_chart(line, width="stretch")
-    st.dataframe(table, hide_index=True, width="stretch")
+    digits = {"round": 0, "site": None, "device": None, "precision": None, "images/s": 1,
+              "host peak MiB": 0, "device peak MiB": 0}  # fmt: skip
+    st.dataframe(readable(table, digits), hide_index=True, width="stretch")  # "—": not CUDA
 
 
 common.page(body)

@@ -11,7 +11,7 @@ from app import common
 from app.clinical import POOLED, card_edge, exported_bins, point_at, roc_frame, with_pooled
 from app.model_view import EXPORTED, choices
 from app.queries import RunData
-from app.tables import label_names, roc_curves
+from app.tables import class_short, label_names, roc_curves
 from fed_auc.metrics.operating_point import sensitivity_at_specificity
 from fed_auc.metrics.roc import operating_point
 
@@ -87,7 +87,7 @@ def exported_view(data: RunData, choice, bins: dict, card: float) -> None:
     points = table.dropna(subset=["sensitivity", "specificity"]).assign(
         fpr=lambda t: 1 - t["specificity"]
     )
-    _chart(curves, points)
+    _chart(curves, points, common.positive_class_text(data))
 
 
 def round_view(data: RunData, choice, label: int, card: float) -> None:
@@ -134,7 +134,7 @@ def round_view(data: RunData, choice, label: int, card: float) -> None:
         ]
     )
     if not long.empty:
-        _chart(long, pd.DataFrame(points))
+        _chart(long, pd.DataFrame(points), common.positive_class_text(data))
 
 
 def _table(table: pd.DataFrame) -> None:
@@ -150,13 +150,17 @@ def _table(table: pd.DataFrame) -> None:
     )
 
 
-def _chart(curves: pd.DataFrame, points: pd.DataFrame) -> None:
+def _chart(curves: pd.DataFrame, points: pd.DataFrame, positive: str) -> None:
+    """ROC curves whose axes name the positive class (a cropped screenshot still says it)."""
     lines = (
         alt.Chart(curves)
         .mark_line()
         .encode(
             x=alt.X("fpr:Q", title="1 − specificity (false-positive rate)"),
-            y=alt.Y("sensitivity:Q", title="sensitivity (true-positive rate)"),
+            y=alt.Y(
+                "sensitivity:Q",
+                title=f"sensitivity (true-positive rate), positive class {class_short(positive)}",
+            ),
             color="site:N",
             order=alt.Order("threshold:Q", sort="descending"),  # along the curve
             tooltip=["site", alt.Tooltip("threshold:Q", format=".3f")],

@@ -7,9 +7,17 @@ import streamlit as st
 
 from app import common, privacy
 from app.charts import rows_autosize, rows_height
-from app.model_view import LAST, MIN_CLASS_COUNT, ModelChoice, choices, coverage, site_status
+from app.model_view import (
+    LAST,
+    MIN_CLASS_COUNT,
+    ModelChoice,
+    choices,
+    coverage,
+    readable_status,
+    site_status,
+)
 from app.queries import RunData
-from app.tables import evaluated_rounds, fmt, site_table
+from app.tables import auc_header, ci_header, evaluated_rounds, fmt, site_table
 
 ANY_ROUND = "a round of training"
 
@@ -49,28 +57,17 @@ def performance(data: RunData) -> None:
     cols[2].metric("Worst-site AUC", fmt(cover.worst_auc))
     cols[3].metric("Sites with a one-class test split", len(cover.scored) - len(cover.defined))
     st.caption(
-        f"{choice.caption}. Mean and worst over {cover.sentence()}. Sorted by the lower end of "
-        "the 95 % CI (Hanley–McNeil per round; the export's own evaluation for the exported "
-        f"model). 'few cases': under {MIN_CLASS_COUNT} test positives or negatives, so its "
-        "AUC is mostly noise. An AUC is undefined only where the test split has one class."
+        f"{choice.caption}; {choice.ci_text}. Mean and worst over {cover.sentence()}. Sorted "
+        f"by the lower end of the 95 % CI. 'few cases': under {MIN_CLASS_COUNT} test positives "
+        "or negatives, so its AUC is mostly noise. An AUC is undefined only where the test "
+        "split has one class."
     )
     for site in cover.missing:
         st.warning(f"{site}: {table.set_index('site').loc[site, 'note']}")
     extra = site_table(data, choice.round).set_index("site") if choice.key == LAST else None
-    shown = table.drop(columns=["scored"])
-    if extra is not None:
-        keep = [c for c in extra.columns if c.startswith("prevalence") or c in (
-            "n train", "personal AUC", "last round trained")]  # fmt: skip
-        shown = shown.join(extra[keep], on="site")
+    positive = common.positive_class_text(data)
     st.dataframe(
-        shown,
-        hide_index=True,
-        width="stretch",
-        column_config={
-            c: st.column_config.NumberColumn(format="%.3f")
-            for c in shown.columns
-            if c in ("AUC", "CI low", "CI high", "personal AUC") or c.startswith("prevalence")
-        },
+        readable_status(table, extra, positive, choice.ci_method), hide_index=True, width="stretch"
     )
     defined = table.dropna(subset=["AUC"])
     if defined.empty:
@@ -79,14 +76,21 @@ def performance(data: RunData) -> None:
     base = alt.Chart(defined).encode(
         y=alt.Y("site:N", title=None, sort=order, axis=alt.Axis(labelOverlap=False, labelLimit=200))
     )
+    axis = f"test {auc_header(positive)}, {ci_header(choice.ci_method)}"
     ci = base.mark_rule().encode(
-        x=alt.X("CI low:Q", title="test AUC (95 % CI)", scale=alt.Scale(domain=[0, 1])),
-        x2="CI high:Q",
+        x=alt.X("CI low:Q", title=axis, scale=alt.Scale(domain=[0, 1])), x2="CI high:Q"
     )
     point = base.mark_point(filled=True, size=80).encode(
         x="AUC:Q",
         shape=alt.Shape("few cases:N", title=f"< {MIN_CLASS_COUNT} of a class"),
-        tooltip=["site", alt.Tooltip("AUC:Q", format=".3f"), "positives", "negatives"],
+        tooltip=[
+            "site",
+            alt.Tooltip("AUC:Q", format=".3f", title=auc_header(positive)),
+            alt.Tooltip("CI low:Q", format=".3f"),
+            alt.Tooltip("CI high:Q", format=".3f"),
+            "positives",
+            "negatives",
+        ],
     )
     chance = alt.Chart(pd.DataFrame({"x": [0.5]})).mark_rule(strokeDash=[4, 4]).encode(x="x:Q")
     forest = (ci + point + chance).properties(
@@ -102,7 +106,7 @@ def performance(data: RunData) -> None:
             alt.Chart(pair.dropna())
             .mark_bar()
             .encode(
-                x=alt.X("value:Q", title="test AUC"),
+                x=alt.X("value:Q", title=f"test {auc_header(positive)}"),
                 y=alt.Y("site:N", title=None),
                 yOffset="model:N",
                 color="model:N",

@@ -32,6 +32,8 @@ from fed_auc.tta import check_tta
 
 SPLITS = ("test", "val")
 REPORT = "report"  # the request kind
+POOLED_BINS = "bins"  # how a pooled entry was made: the sites' summed score counts (a job)
+POOLED_SCORES = "scores"  # the sites' scores pooled where they were scored (local evaluate)
 
 
 def model_request(
@@ -124,6 +126,7 @@ def pooled_entry(
         "threshold": threshold,
         "roc": roc_from_bins(bins),
         "pooled_sites": names,
+        "pooled_from": POOLED_BINS,
     }
     if threshold < 1.0:  # as local evaluate: "score ≥ 1" is no point the bins resolve
         out.update({k: v for k, v in figures(bins, threshold).items() if k not in out})
@@ -209,7 +212,9 @@ def record_local(
 ) -> str:
     """Record ``evaluate_model``'s ``results`` (one split of the data ``sites``, scored here) as
     an evaluation run with the rows the job records for the same model and sites: the sites'
-    reports combined as the job combines them. Returns the run id."""
+    reports combined as the job combines them, except the pooled entry: the scores met here,
+    so it is the per-image pooled AUC and bootstrap CI the console printed (``pooled_from``
+    ``scores``), not the binned counts' approximation. Returns the run id."""
     from fed_auc.data.cards import data_record, site_summary
     from fed_auc.run.lifecycle import fail_run
     from fed_auc.store.run_store import git_revision
@@ -235,6 +240,12 @@ def record_local(
             store.add_event(run_id, f"evaluation job of {model} at {list(sites)}; "
                             f"not trained on: {held_out}")  # fmt: skip
             combined = {split: combine(answers, request, split, held_out)}
+            pooled = results["sites"].get(POOLED)
+            if pooled is not None:  # the scores met here: the pooled AUC the console printed
+                combined[split]["sites"][POOLED] = {
+                    label: {**r, "pooled_sites": sorted(answers), "pooled_from": POOLED_SCORES}
+                    for label, r in pooled.items()
+                }
             summary = record_job(store, run_id, combined, model, card, "local")
             summary.update(files={split: files}, run_id=run_id)
             store.add_event(run_id, "evaluation completed")

@@ -45,3 +45,11 @@ def auc_text(
     if positive_class is not None:
         text += f", positive class {class_text(positive_class)}"
     return text
+
+
+def interval_text(lo: float | None, hi: float | None, missing: str = "—") -> str:
+    """``0.750–0.965``: a 95 % interval at the precision of its AUC (3 decimals), or
+    ``missing`` where an end is unknown (a table cell, a dashboard caption)."""
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return missing
+    return f"{lo:.3f}–{hi:.3f}"

@@ -76,8 +76,10 @@ def test_overview_headline_is_the_exported_model_and_the_last_round_comes_second
     runs = at.dataframe[0].value
     assert len(runs) == 5
     row = runs.set_index("id").loc["run-complete"]
-    assert row["transport"] == "flower" and row["sites"] == 4 and row["data"] == "synthetic"
-    assert row["final AUC"] == pytest.approx(0.61)
+    assert row["transport"] == "flower" and row["sites"] == "4" and row["data"] == "synthetic"
+    assert row["AUC"] == "0.610 (export)"  # the run picker's figure, said what it is
+    assert row["positive class"] == "finding present"
+    assert runs.set_index("id").loc["run-live", "positive class"] == "label 1"  # no cards
 
 
 def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch, store_dir):
@@ -88,21 +90,25 @@ def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch,
     table = at.dataframe[0].value.set_index("site")
     at2 = stored[stored["round"] == 2].set_index("site")
     scored = ["east", "north", "west"]
-    for column, source in (("AUC", "auc"), ("CI low", "auc_lo"), ("CI high", "auc_hi")):
-        np.testing.assert_allclose(table.loc[scored, column], at2.loc[scored, source])
+    auc, ci = "AUC (finding present)", "95 % CI (Hanley–McNeil)"
+    for site in scored:
+        row = at2.loc[site]
+        assert table.loc[site, auc] == ("—" if np.isnan(row["auc"]) else f"{row['auc']:.3f}")
+        if not np.isnan(row["auc"]):
+            assert table.loc[site, ci] == f"{row['auc_lo']:.3f}–{row['auc_hi']:.3f}"
     for site in scored:
         positives = int(split_of(site, 2)[0].sum())
-        assert table.loc[site, "positives"] == positives
-        assert table.loc[site, "negatives"] == 60 - positives
+        assert table.loc[site, "positives"] == str(positives)
+        assert table.loc[site, "negatives"] == str(60 - positives)
     assert "no positives" in table.loc["east", "note"]
     south_before = stored[(stored["round"] == 1) & (stored["site"] == "south")].iloc[0]
     assert table.loc["south", "note"] == (
         f"not scored since round 2 (dropped); last AUC {south_before['auc']:.3f} at round 1"
     )
-    assert np.isnan(table.loc["south", "AUC"])
-    lows = table["CI low"].dropna().tolist()
+    assert table.loc["south", auc] == "—" and table.loc["south", ci] == "—"
+    lows = [float(c.split("–")[0]) for c in table[ci] if c != "—"]
     assert lows == sorted(lows)  # least certain site first
-    assert table.loc["south", "last round trained"] == 1  # dropped in round 2
+    assert table.loc["south", "last round trained"] == "1"  # dropped in round 2
     shown = metrics(at)
     assert shown["Sites scored"] == "3 of 4"
     assert shown["Worst-site AUC"] == f"{at2.loc[['north', 'west'], 'auc'].min():.3f}"
@@ -112,9 +118,9 @@ def test_sites_says_who_was_not_scored_and_ranks_by_the_lower_bound(monkeypatch,
     at.radio(key="sites_model").set_value("Exported model (round 1 of 2)").run()
     exported = at.dataframe[0].value.set_index("site")
     at1 = stored[stored["round"] == EXPORTED_ROUND].set_index("site")
-    np.testing.assert_allclose(
-        exported.loc[scored + ["south"], "AUC"], at1.loc[scored + ["south"], "auc"]
-    )
+    assert [exported.loc[s, auc] for s in scored + ["south"]] == [
+        "—" if np.isnan(a) else f"{a:.3f}" for a in at1.loc[scored + ["south"], "auc"]
+    ]
     assert metrics(at)["Sites scored"] == "4 of 4"
 
 
@@ -122,8 +128,8 @@ def test_heterogeneity_shows_data_cards_and_local_steps(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "heterogeneity", "run-complete")
     cards = at.dataframe[0].value
     for i, site in enumerate(SITES):
-        assert cards.loc[site, "prevalence"] == pytest.approx((10 + 5 * i) / 100)
-        assert cards.loc[site, "train intensity mean"] == pytest.approx(0.3 + 0.05 * i)
+        assert cards.loc[site, "prevalence"] == f"{(10 + 5 * i) / 100:.3f}"
+        assert cards.loc[site, "train mean"] == f"{0.3 + 0.05 * i:.3f}"
     steps = at.dataframe[1].value
     # rounds 1 and 2: every completed site trained 4 + index steps (west rejected in 1,
     # south dropped in 2), so each site has one or two rounds of the same count
@@ -161,16 +167,16 @@ def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_
     assert not at.exception
     table = at.dataframe[0].value
     with RunStore(store_dir) as store:
-        for run_id, algorithm in (("run-complete", "codasca"), ("run-other", "fedavg")):
+        for run_id in ("run-complete", "run-other"):
             rounds = store.rounds(run_id)
-            row = table.loc[f"{algorithm} · {run_id}"]
+            row = table.loc[run_id]
             total = (rounds["bytes_up"].sum() + rounds["bytes_down"].sum()) / 1e6
-            assert row["total MB"] == pytest.approx(total)
-            assert row["last round: pooled test AUC"] == pytest.approx(
-                rounds["global_auc"].iloc[-1]
-            )
-    assert table.loc["codasca · run-complete", "exported model: pooled test AUC"] == 0.61
-    assert table["total MB"].iloc[1] == pytest.approx(2 * table["total MB"].iloc[0])
+            assert row["MB sent"] == f"{total:.1f}"
+            assert row["last round: pooled AUC"] == f"{rounds['global_auc'].iloc[-1]:.3f}"
+            assert row["positive class"] == "finding present"
+    assert table.loc["run-complete", "exported AUC"] == "0.610"
+    assert table.loc["run-other", "exported AUC"] == "—"  # it exported nothing
+    assert float(table["MB sent"].iloc[1]) == pytest.approx(2 * float(table["MB sent"].iloc[0]))
 
 
 def test_roc_last_round_view_starts_at_the_cards_threshold(monkeypatch, store_dir):

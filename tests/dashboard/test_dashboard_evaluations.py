@@ -60,7 +60,7 @@ def test_the_page_draws_the_job_and_names_what_did_not_report(monkeypatch, store
     assert at.title[0].value == "Evaluations"
     assert len(at.get("vega_lite_chart")) == 1
     caption = " ".join(c.value for c in at.caption)
-    assert "held out (never trained on): south" in caption and "over flower" in caption
+    assert "held out (never trained on): south" in caption and "over Flower" in caption
     assert any("west (dropped: no answer within 60 s)" in w.value for w in at.warning)
     tables = at.dataframe
     assert len(tables) == 4  # the forest's numbers and the operating point's three tables

@@ -151,24 +151,53 @@ def tables(page) -> list[dict]:
     return found
 
 
-def test_wide_tables_show_every_column_at_1280_px(browser, store, shots):
-    wanted = {  # page, run → headers that must be in view
-        ("Operating point", "run-complete"): ["90 %", "95 %", "Brier", "PPV", "NPV", "FP"],
-        ("Overview", "run-complete"): ["final AUC", "last round", "started", "status"],
-        ("Evaluations", store["job"]): ["90 %", "95 %", "Brier", "NPV", "error_bound"],
-    }
-    for (name, run_id), needles in wanted.items():
-        page = visit(browser, name, run_id)
-        shot = shots / f"layout_tables_{name.lower().replace(' ', '_')}.png"
-        page.screenshot(path=str(shot), full_page=True)
-        found = tables(page)
-        assert found, name
-        for table in found:
-            assert table["content"] <= table["width"] + 1, (name, table)  # no hidden column
-            assert table["right"] <= WIDTH, (name, table)
-        headers = " | ".join(h for table in found for h in table["headers"])
-        for needle in needles:
-            assert needle in headers, (name, needle, headers)
+WIDE = {  # page, run (a name of the store fixture, or an id) → headers that must be in view
+    ("Operating point", "run-complete"): ["90 %", "95 %", "Brier", "PPV", "NPV", "FP"],
+    ("Overview", "run-complete"): ["AUC", "rounds", "status", "positive class"],
+    ("Evaluations", "job"): ["90 %", "95 %", "Brier", "NPV", "bin error ≤"],
+    ("Heterogeneity", "sized"): ["prevalence", "train SD", "val mean", "test SD"],
+    ("Compare", "run-complete"): ["exported AUC", "last round: worst site", "MB sent"],
+    ("Sites", "run-complete"): ["AUC (finding present)", "95 % CI (bootstrap)", "status"],
+}
+
+
+@pytest.mark.parametrize(("name", "run"), list(WIDE))
+def test_wide_tables_show_every_column_at_1280_px(browser, store, shots, name, run):
+    page = visit(browser, name, store.get(run, run))
+    shot = shots / f"layout_tables_{name.lower().replace(' ', '_')}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    found = tables(page)
+    assert found, name
+    for table in found:
+        assert table["content"] <= table["width"] + 1, (name, table)  # no hidden column
+        assert table["right"] <= WIDTH, (name, table)
+    headers = " | ".join(h for table in found for h in table["headers"])
+    for needle in WIDE[name, run]:
+        assert needle in headers, (name, needle, headers)
+    page.close()
+
+
+PICKER = """() => {
+    const box = document.querySelector(
+        '[data-testid="stSidebar"] [data-testid="stSelectbox"] input');
+    return {text: box.value, content: box.scrollWidth, width: box.clientWidth};
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_run_pickers_label_is_not_cut(browser, store, shots, width):
+    """The select box shows the picked run whole (id · kind), the longest id of the store
+    (an evaluation job's, as the CLI makes it) included; the full label is written under it."""
+    for run_id in (store["job"], "run-complete"):
+        page = visit(browser, "Overview" if run_id != store["job"] else None, run_id)
+        page.set_viewport_size({"width": width, "height": 1000})
+        wait_until_idle(page)
+        page.screenshot(path=str(shots / f"layout_picker_{width}.png"))
+        box = page.evaluate(PICKER)
+        assert run_id in box["text"], box
+        assert box["content"] <= box["width"], box  # nothing scrolled out of the box
+        sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
+        assert "positive class" in sidebar and "AUC" in sidebar, sidebar[:400]
         page.close()
 
 

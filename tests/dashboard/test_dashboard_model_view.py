@@ -79,7 +79,9 @@ def test_runs_are_labelled_so_that_they_can_be_told_apart(runs_dir):
     runs = queries.runs(runs_dir).set_index("id")
     assert runs["label"].is_unique
     label = runs.loc["run-complete", "label"]
-    assert label.startswith("codasca · synthetic · flower · 4 sites · AUC 0.610 · completed")
+    assert label.startswith(
+        "codasca · synthetic · flower · 4 sites · AUC 0.610 (export) · completed"
+    )
     assert runs.loc["run-other", "transport"] == "local"
     assert bool(runs.loc["run-complete", "synthetic"])
 
@@ -95,7 +97,8 @@ def test_compare_lists_only_the_settings_that_differ():
 
 def test_the_app_reads_the_store_and_never_imports_training_code():
     """app/ imports from fed_auc only the store and the pure metric modules (no torch)."""
-    allowed = {"fed_auc.store", "fed_auc.metrics.operating_point", "fed_auc.metrics.roc"}
+    allowed = {"fed_auc.store", "fed_auc.metrics.operating_point", "fed_auc.metrics.roc",
+               "fed_auc.metrics.wording"}  # fmt: skip
     for path in (ROOT / "app").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

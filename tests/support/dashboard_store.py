@@ -146,8 +146,8 @@ def fill(runs_dir: Path) -> dict[str, str]:
 
 
 def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
-    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards, for
-    readability at any federation size; returns its id."""
+    """A run of ``n_sites`` sites (site_00 …) with varying local steps and data cards (each
+    split's intensity), for readability at any federation size; returns its id."""
     names = [f"site_{i:02d}" for i in range(n_sites)]
     rng = np.random.default_rng(n_sites)
     with RunStore(runs_dir) as store:
@@ -164,6 +164,11 @@ def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
                         "intensity_mean": float(rng.random()),
                         "intensity_std": float(rng.random()),
                     },  # fmt: skip
+                    **{
+                        split: {"n": 30, "intensity_mean": float(rng.random()),
+                                "intensity_std": float(rng.random())}
+                        for split in ("val", "test")
+                    },  # every split's intensity, as a real card has: the widest table
                 }
                 for name in names
             },
@@ -186,7 +191,7 @@ def fill_sized(runs_dir: Path, n_sites: int, rounds: int = 3) -> str:
 def fill_evaluation_job(runs_dir: Path, model_run_id: str, held_out: tuple[str, ...] = ()) -> str:
     """An evaluation job (its own ``evaluate`` run, id made as the CLI makes it) that scored
     the model ``model_run_id`` exported at every site of ``SITES``; returns the job's run id."""
-    from fed_auc.evaluate.job import combine
+    from fed_auc.evaluate.job import combine, record_job
     from fed_auc.exchange import EvaluationRequest
     from fed_auc.metrics.report import label_result
 
@@ -198,13 +203,14 @@ def fill_evaluation_job(runs_dir: Path, model_run_id: str, held_out: tuple[str, 
         result = label_result(labels, scores, THRESHOLD, 200, 0)
         answers[site] = {"site": site, "splits": {"test": {"finding": result}}}
     result = combine(answers, request, "test", held_out=list(held_out))
-    result.update(model=f"runs/{model_run_id}/model", model_run_id=model_run_id,
-                  transport="flower")  # fmt: skip
+    model_card = {"run_id": model_run_id, "label_names": ["finding"],
+                  "positive_class": ["finding present"]}  # fmt: skip
     with RunStore(runs_dir) as store:
         job = store.create_run("evaluate", {"transport": "flower", "evaluation": {}})
         store.record_sites(job, {s: card(s) for s in SITES})
-        store.record_evaluation(job, "test", result)
-        store.finish_run(job, "completed", {"held_out": list(held_out)})
+        summary = record_job(store, job, {"test": result}, f"runs/{model_run_id}/model",
+                             model_card, "flower")  # fmt: skip
+        store.finish_run(job, "completed", summary)
     return job
 
 

@@ -235,6 +235,14 @@ def test_local_evaluate_on_site_files_records_the_rows_the_job_records(held_out_
     assert status == "completed"
     for key in ("run_id", "recorded_at"):
         ours.pop(key), theirs.pop(key)
+    # pooled: the job adds up the nodes' counts; scored here, the scores themselves pool, as
+    # the console printed them (test_dashboard_numbers shows the page says so)
+    our_pooled, their_pooled = json.loads(ours.pop("pooled")), json.loads(theirs.pop("pooled"))
+    label = local["label_names"][0]
+    assert our_pooled[label]["pooled_from"] == "scores"
+    assert their_pooled[label]["pooled_from"] == "bins"
+    for key in ("auc", "ci_lo", "ci_hi", "n", "positives"):
+        assert our_pooled[label][key] == local["sites"][POOLED][label][key], key
     assert ours == theirs and ours["transport"] == "local" and ours["model"] == model_path
     assert list(our_sites["site"]) == list(our_cards["site"]) == ["north", "south"]
     pd.testing.assert_frame_equal(our_sites, their_sites)
@@ -244,8 +252,7 @@ def test_local_evaluate_on_site_files_records_the_rows_the_job_records(held_out_
     for row in our_sites.itertuples():
         assert row.status == "reported" and row.held_out == 1
         assert json.loads(row.labels) == local["sites"][row.site]
-    label = card["label_names"][0]
-    pooled = json.loads(ours["pooled"])[label]
+    pooled = their_pooled[label]  # the job's pooled: what evaluate reports from the bins
     assert pooled["auc"] == local["pooled_from_bins"][label]["auc"]
     assert (pooled["ci_lo"], pooled["ci_hi"]) == (
         local["pooled_from_bins"][label]["ci_lo"],
