@@ -82,30 +82,30 @@ def _torch_load(path: Path) -> Any:
                 f"code that defines it is installed: `fed-auc convert-weights {path} "
                 f"{path.with_suffix(SAFETENSORS)}`, then give that file"
             ) from None
-        reason = next((line.strip() for line in text.splitlines()
-                       if line.strip() and "Weights only load failed" not in line), "")  # fmt: skip
         raise ValueError(
-            f"weights {path}: cannot be read: {_what_it_is(path)} ({type(exc).__name__}"
-            f"{': ' + reason[:120] if reason else ''}); {ACCEPTED}"
+            f"weights {path}: cannot be read: {_what_it_is(path, exc)}; {ACCEPTED}"
         ) from None
 
 
-def _what_it_is(path: Path) -> str:
+def _what_it_is(path: Path, exc: Exception) -> str:
     """What a file torch cannot read looks like, from its first bytes: a cut torch archive,
-    a pickle of something else, or bytes of no known kind."""
+    a pickle of something else, or bytes of no known kind; torch's reason where it has one."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    after = [b for a, b in zip(lines, lines[1:], strict=False) if "WeightsUnpickler" in a]
+    reason = f"{type(exc).__name__}: {(after or lines or [''])[0].split('. ')[0][:100]}"
     if not head:
         return "an empty file (0 bytes)"
     if head.startswith(_ZIP):
         if zipfile.is_zipfile(path):
-            return f"a zip archive of {size} bytes that holds no torch tensors torch can read"
-        return f"a torch file (zip), truncated or damaged ({size} bytes)"
+            return f"a zip archive of {size} bytes without tensors torch can read ({reason})"
+        return f"a torch file (zip), truncated or damaged ({size} bytes; {reason})"
     if head[0] == _PICKLE and _is_pickle(path):
         return (
             f"a Python pickle of {size} bytes (an old-style torch file, cut, or another "
-            "pickle) without tensors torch's tensors-only loader can read"
+            f"pickle) that torch's tensors-only loader cannot read ({reason})"
         )
     return f"{size} bytes that are not a torch file (neither zip nor pickle: {head.hex(' ')} …)"
 
