@@ -78,6 +78,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         frontal_only=config.frontal_only,
         skip_bad_images=config.skip_bad_images,
         positive_label=config.positive_label,
+        classes=config.classes,
         aspect=config.aspect,
         positive_class=config.positive_class,
     )

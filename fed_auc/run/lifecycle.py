@@ -60,9 +60,7 @@ def open_run(
     network when the caller built it already (``starting_point``, before the run existed)."""
     run_dir = Path(config.runs_dir) / run_id
     if start is None:
-        start = starting_point(
-            config, sites.num_labels, sites.label_names, sites.positive_class()
-        )
+        start = starting_point(config, sites.num_labels, sites.label_names, sites.positive_class())
     model = start.model
     server = Trainable.with_loss(model, config.loss)
     setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
