@@ -104,9 +104,11 @@ def _architecture(file: WeightFile, source: str) -> str:
     for arch, (init_features, _, block_config) in ARCHITECTURES.items():
         if tuple(block_config) == layout and conv0.shape[0] == init_features:
             return arch
+    known = {a: (f, tuple(b)) for a, (f, _, b) in ARCHITECTURES.items()}
     raise ValueError(
-        f"weights {file.path}: a DenseNet with {conv0.shape[0]} initial features and blocks "
-        f"{layout}, none of fed-auc's {list(ARCHITECTURES)}"
+        f"weights {file.path}: a DenseNet with {conv0.shape[0]} initial features (its "
+        f"features.conv0.weight has shape {tuple(conv0.shape)}) and blocks {layout}, none of "
+        f"fed-auc's (initial features, blocks): {known}"
     )
 
 

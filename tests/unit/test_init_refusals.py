@@ -150,6 +150,16 @@ def test_a_gray_first_convolution_of_another_width_is_refused(tmp_path):
     _refused(path, tmp_path, r"'features\.conv0\.weight' has shape \(\d+, 1, 3, 3\), .*7, 7\)")
 
 
+def test_a_first_convolution_of_another_width_names_the_tensor_and_the_known_networks(tmp_path):
+    weights = densenet_file("tiny", 1000, 3)
+    weights["features.conv0.weight"] = torch.zeros(24, 3, 7, 7)  # tiny has 16, small 32
+    path = tmp_path / "wide.pth"
+    torch.save(weights, path)
+    said = _refused(path, tmp_path, "a DenseNet with 24 initial features")
+    assert "features.conv0.weight has shape (24, 3, 7, 7)" in said
+    assert "'tiny': (16, (2, 2, 2))" in said  # what fed-auc's networks expect
+
+
 # -- not a weights file ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("content", "kind"),
