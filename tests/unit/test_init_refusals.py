@@ -116,6 +116,7 @@ def test_a_model_for_another_positive_class_is_refused_by_the_coordinator(
     with RunStore(config["runs_dir"]) as store:
         run = store.run(experiment["run_id"])
         assert run["status"] == "failed"
+        assert "positive class 'malignant'" in run["summary"]["error"]  # what the run says
         assert store.rounds(experiment["run_id"]).empty  # no round 0 with inverted scores
 
 
