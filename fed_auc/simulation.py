@@ -78,6 +78,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         frontal_only=config.frontal_only,
         skip_bad_images=config.skip_bad_images,
         positive_label=config.positive_label,
+        classes=config.classes,
         aspect=config.aspect,
         positive_class=config.positive_class,
     )
@@ -128,7 +129,9 @@ def build_federation(
         label_names=list(data[0].label_names) if data else None,
     )
     # --init read and checked before the run exists: a refused file records nothing
-    start = starting_point(config, run_sites.num_labels, run_sites.label_names)
+    start = starting_point(
+        config, run_sites.num_labels, run_sites.label_names, run_sites.positive_class()
+    )
     store = RunStore(config.runs_dir)
     resuming = run_id is not None
     if run_id is None:

@@ -16,6 +16,8 @@ frontal_only = false
 skip_bad_images = false
 split_seed = 0                  # seeds the patient-disjoint split when there is no split column
 positive_label = 0              # optional: the file's label value that is positive (default 1)
+classes = 2                     # optional: the label column's classes (default 2: only 0 or 1,
+                                # also with positive_label); a multi-class .npz: their number
 aspect = "pad"                  # non-square images: pad (default), crop or stretch
 positive_class = "malignant"    # optional: its name in cards, evaluations and the dashboard
                                 # (default: the label column's name, or "label == 0")
@@ -54,7 +56,11 @@ from fed_auc.data.base import SiteData, check_name
 from fed_auc.data.cache import CACHE_FOLDER
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.images import validate_aspect
-from fed_auc.data.labels import validate_positive_class, validate_positive_label
+from fed_auc.data.labels import (
+    validate_classes,
+    validate_positive_class,
+    validate_positive_label,
+)
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.node.compute import AUTO as AUTO_DEVICE
@@ -65,7 +71,7 @@ from fed_auc.tta import TTA_MODES
 
 DATA_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class", "images_outside_root",
+    "aspect", "positive_class", "images_outside_root", "classes",
 )  # fmt: skip
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta", "device",
@@ -322,7 +328,8 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
         )
     try:
         validate_aspect(table.get("aspect", "pad"), "[data] aspect")
-        validate_positive_label(table.get("positive_label"), "[data] positive_label")
+        positive = validate_positive_label(table.get("positive_label"), "[data] positive_label")
+        validate_classes(table.get("classes"), positive, "[data] classes")
         validate_positive_class(table.get("positive_class"), "[data] positive_class")
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None

@@ -26,6 +26,12 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         "(default: 1); e.g. 0 for BreastMNIST's malignant class",
     )
     p.add_argument(
+        "--classes",
+        type=int,
+        help="a multi-class .npz label column's number of classes, with --positive-label "
+        "(that class against the rest); default: binary, any value but 0 or 1 refused",
+    )
+    p.add_argument(
         "--positive-class",
         help="the positive class's name in cards, evaluations and the dashboard, e.g. malignant "
         "(default: derived, 'label == V' or the finding column's name)",
@@ -68,6 +74,7 @@ def data_options(args: argparse.Namespace) -> dict[str, Any]:
         "frontal_only": bool(args.frontal_only),
         "skip_bad_images": bool(args.skip_bad_images),
         "positive_label": args.positive_label,
+        "classes": getattr(args, "classes", None),
         "aspect": args.aspect or "pad",
         "positive_class": getattr(args, "positive_class", None),
     }

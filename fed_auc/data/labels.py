@@ -4,7 +4,8 @@ The AUC losses and metrics read 1 as positive. Some files name the finding of in
 MedMNIST's BreastMNIST has 0 = malignant, 1 = normal or benign, so without this option a
 federation would learn to find benign images. ``positive_label`` says which value of the
 file's (single) label column is the positive class; every other known value becomes
-negative, so a multi-class MedMNIST column becomes one-vs-rest. Unknown (NaN) stays unknown.
+negative, so a multi-class MedMNIST column (``classes``: its number of classes) becomes
+one-vs-rest. Unknown (NaN) stays unknown.
 """
 
 from __future__ import annotations
@@ -23,6 +24,28 @@ def validate_positive_label(value: object, where: str = "positive_label") -> int
         raise ValueError(
             f"{where} must be a label value of the file, an integer ≥ 0 (e.g. 0 for "
             f"BreastMNIST's malignant class), got {value!r}"
+        )
+    return int(value)
+
+
+BINARY = 2  # a label column's classes unless a file says otherwise: 0 and 1
+
+
+def validate_classes(value: object, positive_label: int | None, where: str = "classes") -> int:
+    """``value``: how many classes a file's label column holds (values 0 … classes − 1); None
+    means a binary column. A multi-class column needs ``positive_label`` (one against the
+    rest): without the count, a stray value in a binary file would pass as one more class."""
+    if value is None:
+        return BINARY
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < BINARY:
+        raise ValueError(
+            f"{where} must be the number of classes of a multi-class label column, an integer "
+            f"≥ 2 (e.g. 9 for PathMNIST), got {value!r}"
+        )
+    if value > BINARY and positive_label is None:
+        raise ValueError(
+            f"{where} = {value}: a multi-class column needs positive_label, the class that is "
+            "positive against the rest"
         )
     return int(value)
 

@@ -1,8 +1,10 @@
 """MedMNIST-layout ``.npz`` files: ``{train,val,test}_images`` and ``{train,val,test}_labels``.
 
 Binary tasks have labels (N, 1) in {0, 1}; multi-label tasks (N, L) in {0, 1}. Multi-class
-files (one column with values > 1) need ``positive_label`` (that value against the rest):
-an AUC per label needs binary labels. RGB images are averaged to one channel.
+files (one column with values > 1) need ``classes`` (their number) and ``positive_label``
+(that value against the rest): an AUC per label needs binary labels. Any other value is
+refused, also with ``positive_label``: a stray 2 in a binary file must not become a
+negative. RGB images are averaged to one channel.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import torch
 
 from fed_auc.data.cache import ImageCache, file_sha256
 from fed_auc.data.images import resize
-from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
+from fed_auc.data.labels import (
+    BINARY,
+    positive_note,
+    select_positive,
+    validate_classes,
+    validate_positive_label,
+)
 from fed_auc.data.memmap import CachedImages
 from fed_auc.data.pool import SPLITS, ImagePool
 
@@ -29,13 +37,16 @@ def load_medmnist(
     image_size: int | None = None,
     positive_label: int | None = None,
     cache: ImageCache | None = None,
+    classes: int | None = None,
 ) -> ImagePool:
     """Read every split of a MedMNIST npz into one pool (split column = the file's splits).
-    ``positive_label``: the label value that is positive (default: the file's 1). ``cache``:
+    ``positive_label``: the label value that is positive (default: the file's 1);
+    ``classes``: a multi-class file's number of classes (default: binary). ``cache``:
     the images go to (or come from) this on-disk cache, read from the archive a chunk at a
     time (``fed_auc.data.cache``), instead of into memory."""
     path = Path(path)
     positive_label = validate_positive_label(positive_label)
+    classes = validate_classes(classes, positive_label)
     if not path.is_file():
         raise ValueError(f"medmnist file {path} not found")
     try:
@@ -55,13 +66,13 @@ def load_medmnist(
             for s in SPLITS:
                 x, y = archive[f"{s}_images"], archive[f"{s}_labels"]
                 images.append(_images(path, s, x))
-                labels.append(_labels(path, s, y, len(x), binary=positive_label is None))
+                labels.append(_labels(path, s, y, len(x), classes, positive_label))
                 split += [s] * len(x)
             pixels = resize(torch.cat(images), image_size)
         else:
             pixels, counts = _cached_images(path, image_size, cache)
             labels = [
-                _labels(path, s, archive[f"{s}_labels"], n, binary=positive_label is None)
+                _labels(path, s, archive[f"{s}_labels"], n, classes, positive_label)
                 for s, n in zip(SPLITS, counts, strict=True)
             ]
             split = [s for s, n in zip(SPLITS, counts, strict=True) for _ in range(n)]
@@ -145,25 +156,31 @@ def _images(path: Path, split: str, x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x.astype(np.float32) / scale).unsqueeze(1)
 
 
-def _labels(path: Path, split: str, y: np.ndarray, n: int, binary: bool = True) -> np.ndarray:
+def _labels(
+    path: Path, split: str, y: np.ndarray, n: int, classes: int, positive_label: int | None
+) -> np.ndarray:
+    """A split's labels (N, L), every value one of the ``classes`` (0 … classes − 1)."""
     y = y.reshape(len(y), -1) if y.ndim != 2 else y
     if len(y) != n:
         raise ValueError(f"{path}: {split}_labels has {len(y)} rows, {split}_images {n}")
-    if not binary:  # positive_label picks one value; any integer class is allowed
-        bad = np.argwhere(~np.isfinite(y) | (y != np.round(y)) | (y < 0))
-        if len(bad):
-            row, col = bad[0]
-            raise ValueError(
-                f"{path}: {split}_labels row {row} column {col} has value "
-                f"{y[row, col].item()!r}; labels must be integer classes ≥ 0"
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y >= classes)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        expected = "0 or 1" if classes == BINARY else f"0 … {classes - 1} (classes = {classes})"
+        if classes > BINARY:
+            remedy = "a file with more classes needs a larger classes"
+        elif positive_label is None:
+            remedy = (
+                "a multi-class task needs positive_label (one class against the rest) and classes"
             )
-        return y.astype(np.float32)
-    bad = np.argwhere((y != 0) & (y != 1))
-    if len(bad):
-        row, col = bad[0]
+        else:
+            remedy = (
+                f"positive_label {positive_label} picks one of them; a multi-class file needs "
+                "classes = K ([data] classes, --classes K), else correct the file"
+            )
         raise ValueError(
-            f"{path}: {split}_labels row {row} column {col} has value {y[row, col].item()!r}; "
-            "labels must be 0 or 1 (a multi-class task needs positive_label: one class "
-            "against the rest)"
+            f"{path}: {split}_labels row {row} column {col} has value {y[row, col].item()!r} "
+            f"({int(bad.sum())} such row(s) in {split}); labels must be {expected}: {remedy}"
         )
     return y.astype(np.float32)

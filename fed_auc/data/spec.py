@@ -12,7 +12,7 @@ import numpy as np
 
 from fed_auc.data.base import SiteData
 from fed_auc.data.cache import ImageCache, file_sha256
-from fed_auc.data.labels import positive_classes
+from fed_auc.data.labels import BINARY, positive_classes
 from fed_auc.data.pool import ImagePool
 
 KINDS = ("synthetic", "medmnist", "csv")
@@ -59,6 +59,7 @@ def load_pool(
     aspect: str = "pad",
     cache: ImageCache | None = None,
     images_outside_root: bool = False,
+    classes: int | None = None,
 ) -> ImagePool:
     """Read a file source (not synthetic) into one pool of images resized to `image_size`;
     `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
@@ -66,11 +67,17 @@ def load_pool(
     square (fed_auc.data.images; MedMNIST images are square). `cache`: decode the images
     into (or read them from) this on-disk cache, so the pool's images stay on disk
     (fed_auc.data.cache); None: in memory. ``images_outside_root`` (CSV only): accept image
-    paths that lead outside the root (fed_auc.data.paths)."""
+    paths that lead outside the root (fed_auc.data.paths). ``classes`` (npz only): a
+    multi-class file's number of classes (None: binary)."""
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
-        return load_medmnist(spec.path, image_size, positive_label, cache)
+        return load_medmnist(spec.path, image_size, positive_label, cache, classes)
+    if classes not in (None, BINARY):
+        raise ValueError(
+            f"classes = {classes!r} applies to .npz files; {spec.path}'s labels are 1, 0, -1 or "
+            "blank (drop classes)"
+        )
     if spec.kind == "csv":
         from fed_auc.data.csv_images import load_csv_images
 
@@ -105,6 +112,7 @@ def load_sites(
     positive_label: int | None = None,
     aspect: str = "pad",
     positive_class: str | list[str] | None = None,
+    classes: int | None = None,
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
     the fixed hospital profiles)."""
@@ -139,6 +147,7 @@ def load_sites(
         skip_bad_images,
         positive_label=positive_label,
         aspect=aspect,
+        classes=classes,
     )
     sites_out, manifest = partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
@@ -151,7 +160,7 @@ def load_sites(
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class", "images_outside_root",
+    "aspect", "positive_class", "images_outside_root", "classes",
 )  # fmt: skip
 
 
@@ -165,12 +174,13 @@ def site_from_config(
     """A node's own data from the ``[data]`` table of its site TOML.
 
     ``spec`` is a file data spec; ``site`` (optional) keeps only the rows whose site column
-    has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images`` and
-    ``positive_label`` as for ``--data``; ``aspect`` (pad, crop or stretch) for non-square
-    images; ``images_outside_root`` (default false) lets CSV image paths lead outside the
-    image root (fed_auc.data.paths). Without a split column the rows are split 70/10/20
-    by patient, seeded by ``split_seed`` (default ``seed``). ``cache_dir``: the site's image
-    cache (fed_auc.data.cache; a node's state directory holds it); None: images in memory.
+    has that value; ``uncertain``, ``frontal_only``, ``skip_bad_images``,
+    ``positive_label`` and ``classes`` as for ``--data``; ``aspect`` (pad, crop or stretch)
+    for non-square images; ``images_outside_root`` (default false) lets CSV image paths lead
+    outside the image root (fed_auc.data.paths). Without a split column the rows are split
+    70/10/20 by patient, seeded by ``split_seed`` (default ``seed``). ``cache_dir``: the
+    site's image cache (fed_auc.data.cache; a node's state directory holds it); None: images
+    in memory.
     """
     unknown = sorted(set(table) - set(SITE_KEYS))
     if unknown or "spec" not in table:
@@ -192,6 +202,7 @@ def site_from_config(
         aspect=table.get("aspect", "pad"),
         cache=None if cache_dir is None else ImageCache(cache_dir, name),
         images_outside_root=bool(table.get("images_outside_root", False)),
+        classes=table.get("classes"),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:

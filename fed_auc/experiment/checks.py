@@ -16,7 +16,11 @@ from fed_auc.coordinator.robust import Aggregation
 from fed_auc.coordinator.selection import parse_select
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.csv_images import UNCERTAIN_POLICIES
-from fed_auc.data.labels import validate_positive_class, validate_positive_label
+from fed_auc.data.labels import (
+    validate_classes,
+    validate_positive_class,
+    validate_positive_label,
+)
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
@@ -36,7 +40,7 @@ PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 SIMULATED_FEDERATION = (
     "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
     "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
-    "aspect", "positive_class",
+    "aspect", "positive_class", "classes",
 )  # fmt: skip
 
 
@@ -120,7 +124,7 @@ class ExperimentChecks:
             parse_partition(self.partition)
         check_choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
         check_choice("aspect", self.aspect, ["pad", "crop", "stretch"])
-        validate_positive_label(self.positive_label)
+        validate_classes(self.classes, validate_positive_label(self.positive_label))
         validate_positive_class(self.positive_class)
         if synthetic and self.positive_class is not None:
             raise ValueError(

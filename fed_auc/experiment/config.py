@@ -97,6 +97,9 @@ class ExperimentConfig(ExperimentChecks):
     # The label value of a file source that is the positive class (None: the file's 1), e.g.
     # 0 for BreastMNIST, whose 1 is normal/benign and 0 malignant (fed_auc.data.labels).
     positive_label: int | None = None
+    # A multi-class .npz column's number of classes (None: binary, 0 or 1); with
+    # positive_label, that class against the rest (fed_auc.data.labels.validate_classes).
+    classes: int | None = None
     aspect: str = "pad"  # non-square image files: pad / crop / stretch (fed_auc.data.images)
     # Its name in the cards, evaluation files and dashboard, e.g. "malignant" (None: derived,
     # "label == 0" or the label column's name; fed_auc.data.labels.positive_classes).

@@ -40,6 +40,9 @@ def export_model(
             "state_dict": state_dict,
             "auc": auc,
             "label_names": card["label_names"],
+            # what --init checks, kept in the file too: a model.pt copied without its card
+            "positive_class": card.get("positive_class"),
+            "image_size": card.get("image_size"),
         },
         path,
     )

@@ -63,7 +63,8 @@ def read_init(path: str | Path) -> InitWeights:
         card_file = path.parent / "model_card.json"
         card = json.loads(card_file.read_text()) if card_file.is_file() else {}
         config = dict(content["model_config"])
-        card.setdefault("label_names", content.get("label_names"))
+        for key in ("label_names", "positive_class", "image_size"):
+            card.setdefault(key, content.get(key))
         return InitWeights(
             file, REGISTERED, str(config["arch"]), str(config.get("input", "unit")),
             card, dict(content.get("auc", {})), config,
@@ -103,9 +104,11 @@ def _architecture(file: WeightFile, source: str) -> str:
     for arch, (init_features, _, block_config) in ARCHITECTURES.items():
         if tuple(block_config) == layout and conv0.shape[0] == init_features:
             return arch
+    known = {a: (f, tuple(b)) for a, (f, _, b) in ARCHITECTURES.items()}
     raise ValueError(
-        f"weights {file.path}: a DenseNet with {conv0.shape[0]} initial features and blocks "
-        f"{layout}, none of fed-auc's {list(ARCHITECTURES)}"
+        f"weights {file.path}: a DenseNet with {conv0.shape[0]} initial features (its "
+        f"features.conv0.weight has shape {tuple(conv0.shape)}) and blocks {layout}, none of "
+        f"fed-auc's (initial features, blocks): {known}"
     )
 
 
@@ -144,17 +147,16 @@ def apply_init(init: InitWeights, model: DenseNetClassifier) -> dict[str, Any]:
                 f"(norm {model.norm}, {model.num_labels} label(s)): another architecture?"
             )
         want = target[dest].shape
-        if dest == FIRST_CONV and value.shape != want and want[1] == 1 < value.shape[1]:
-            value = value.sum(dim=1, keepdim=True)  # the colour kernels, seen by one gray channel
-            converted.append(name)
-        elif value.shape != want:
+        colour = dest == FIRST_CONV and want[1] == 1 < value.shape[1]
+        # the colour kernels, seen by one gray channel; any other shape is refused as it is
+        found = value.sum(dim=1, keepdim=True) if colour else value
+        if found.shape != want:
             raise ValueError(
                 f"weights {path}: tensor {name!r} has shape {tuple(value.shape)}, the "
                 f"{model.arch} model's {dest!r} {tuple(want)}: another architecture?"
             )
-        else:
-            loaded.append(name)
-        values[dest] = value.to(target[dest].dtype)
+        (converted if colour else loaded).append(name)
+        values[dest] = found.to(target[dest].dtype)
     initialized = [n for n in target if n not in values]
     missing = [n for n in initialized if n not in CLASSIFIER and "num_batches_tracked" not in n]
     if missing:

@@ -11,6 +11,8 @@ convert-weights``.
 from __future__ import annotations
 
 import hashlib
+import pickletools
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,12 +62,19 @@ def read_weight_file(path: str | Path) -> WeightFile:
     return WeightFile(path, sha256(path), _state_dict(content, path), content)
 
 
+ACCEPTED = (
+    "--init takes a torch .pt/.pth file of tensors (torch.save of a state_dict), a "
+    ".safetensors file, or a registered model's folder"
+)
+_ZIP, _PICKLE = b"PK\x03\x04", 0x80  # torch.save's zip archive; a pickle's PROTO opcode
+
+
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign, pickled or cut files
         text = str(exc)
-        if "Weights only load failed" in text or "Unsupported global" in text:
+        if "Unsupported global" in text:  # the pickle names a class: code to run
             found = _unsupported_global(text)
             raise ValueError(
                 f"weights {path}: holds pickled code ({found}), not just tensors; fed-auc "
@@ -74,9 +83,42 @@ def _torch_load(path: Path) -> Any:
                 f"{path.with_suffix(SAFETENSORS)}`, then give that file"
             ) from None
         raise ValueError(
-            f"weights {path}: cannot be read (truncated or not a torch file: "
-            f"{type(exc).__name__}: {text.splitlines()[0] if text else ''})"
+            f"weights {path}: cannot be read: {_what_it_is(path, exc)}; {ACCEPTED}"
         ) from None
+
+
+def _what_it_is(path: Path, exc: Exception) -> str:
+    """What a file torch cannot read looks like, from its first bytes: a cut torch archive,
+    a pickle of something else, or bytes of no known kind; torch's reason where it has one."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    after = [b for a, b in zip(lines, lines[1:], strict=False) if "WeightsUnpickler" in a]
+    reason = f"{type(exc).__name__}: {(after or lines or [''])[0].split('. ')[0][:100]}"
+    if not head:
+        return "an empty file (0 bytes)"
+    if head.startswith(_ZIP):
+        if zipfile.is_zipfile(path):
+            return f"a zip archive of {size} bytes without tensors torch can read ({reason})"
+        return f"a torch file (zip), truncated or damaged ({size} bytes; {reason})"
+    if head[0] == _PICKLE and _is_pickle(path):
+        return (
+            f"a Python pickle of {size} bytes (an old-style torch file, cut, or another "
+            f"pickle) that torch's tensors-only loader cannot read ({reason})"
+        )
+    return f"{size} bytes that are not a torch file (neither zip nor pickle: {head.hex(' ')} …)"
+
+
+def _is_pickle(path: Path) -> bool:
+    """Whether the file's first pickle parses (opcodes only: nothing is built or run)."""
+    try:
+        with path.open("rb") as f:
+            for _ in pickletools.genops(f):
+                pass
+    except Exception:  # pickletools raises ValueError, EOFError or others on bytes
+        return False
+    return True
 
 
 def _unsupported_global(text: str) -> str:

@@ -1,8 +1,9 @@
 """A run's round-0 network: seeded random weights, or the ``--init`` file mapped onto it.
 
 Built once before the run exists in the store (a refused file records nothing) and again
-when it is opened; a registered model must be for the experiment's network, image size and
-labels, each mismatch an error naming both values. What was loaded is kept in the run
+when it is opened; a registered model must be for the experiment's network, image size,
+labels and positive class (a model for another class would score the run's positives low:
+an inverted AUC), each mismatch an error naming both values. What was loaded is kept in the run
 folder (``init.json``) for the model card.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fed_auc.data.labels import positive_class_text
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import save_json
 from fed_auc.models import DenseNetClassifier, build_model
@@ -35,16 +37,21 @@ class StartingPoint:
 
 
 def starting_point(
-    config: ExperimentConfig, num_labels: int, label_names: list[str] | None
+    config: ExperimentConfig,
+    num_labels: int,
+    label_names: list[str] | None,
+    positive_class: list[str] | None = None,
 ) -> StartingPoint:
-    """The network the run starts from (seeded like every run); ``label_names``: the sites'
-    labels, checked against a registered model's (None: not known yet)."""
+    """The network the run starts from (seeded like every run); ``label_names`` and
+    ``positive_class``: the sites', checked against a registered model's (None: not known
+    yet)."""
     torch.manual_seed(config.seed)
     if config.init is None:
         return StartingPoint(build_model(config.model, num_labels, norm=config.model_norm()))
     init = read_init(config.init)
     if init.source == REGISTERED:
         _check_registered(init, config, num_labels, label_names)
+        _check_positive_class(init, positive_class)
     elif init.arch != config.model:
         _mismatch(init, "architecture", init.arch, "model", config.model)
     model = build_model(
@@ -70,6 +77,23 @@ def _check_registered(
     for what, theirs, option, ours in checks:
         if theirs != ours:
             _mismatch(init, what, theirs, option, ours)
+
+
+def _check_positive_class(init: InitWeights, sites: list[str] | None) -> None:
+    """Refuse a model whose positive class is not the sites' (a model card without one, from
+    before cards named it, is not checked)."""
+    theirs = init.card.get("positive_class")
+    if sites is None or theirs is None or list(theirs) == list(sites):
+        return
+    name = theirs[0] if len(theirs) == 1 else list(theirs)
+    raise ValueError(
+        f"--init {init.file.path}: the model was trained with positive class "
+        f"{positive_class_text(list(theirs))!r}, the sites' is {positive_class_text(sites)!r}: "
+        "its scores are for another class (for the other side of the same label, an inverted "
+        "AUC). Start from a model trained "
+        "for the sites' class, or, if both name the same class, give the sites the model's "
+        f"name ([data] positive_class = {name!r} in each site file, or --positive-class)"
+    )
 
 
 def _mismatch(init: InitWeights, what: str, theirs: Any, option: str, ours: Any) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.selection import BestModel, track_best_model
+from fed_auc.data.labels import federation_positive_class
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
 from fed_auc.node.setup import NodeSetup
@@ -62,7 +63,7 @@ def open_run(
     ``on_warmup_round``: told each warm-up round (``on_round`` of ``train_and_close``)."""
     run_dir = Path(config.runs_dir) / run_id
     if start is None:
-        start = starting_point(config, sites.num_labels, sites.label_names)
+        start = starting_point(config, sites.num_labels, sites.label_names, sites.positive_class())
     model = start.model
     server = Trainable.with_loss(model, config.loss)
     setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
@@ -152,6 +153,10 @@ class RunSites:
     fixed_steps: dict[str, int]
     record: dict[str, Any]
     label_names: list[str] | None = None  # the sites' common labels, checked against --init
+
+    def positive_class(self) -> list[str] | None:
+        """The sites' positive class as their cards name it, checked against --init."""
+        return federation_positive_class(list(self.cards.values()))
 
 
 def train_and_close(

@@ -331,6 +331,7 @@ SIMULATED_LINES = {
     "positive_label": "positive_label = 0",
     "aspect": "aspect = 'crop'",
     "positive_class": "positive_class = 'malignant'",
+    "classes": "classes = 9",
 }
 
 

@@ -38,11 +38,71 @@ def test_a_multiclass_npz_becomes_one_class_against_the_rest(tmp_path):
     for split in ("train", "val", "test"):
         arrays[f"{split}_labels"] = (np.arange(len(arrays[f"{split}_labels"])) % 4)[:, None]
     np.savez(path, **arrays)
-    pool = load_medmnist(path, positive_label=2)
+    pool = load_medmnist(path, positive_label=2, classes=4)
     classes = np.concatenate([arrays[f"{s}_labels"][:, 0] for s in ("train", "val", "test")])
     assert pool.labels[:, 0].numpy().tolist() == (classes == 2).astype(float).tolist()
     with pytest.raises(ValueError, match=r"m\.npz: positive_label 7 does not .*\[0, 1, 2, 3\]"):
-        load_medmnist(path, positive_label=7)
+        load_medmnist(path, positive_label=7, classes=8)
+    with pytest.raises(ValueError, match=r"train_labels row 3 .* value 3 .*must be 0 … 2"):
+        load_medmnist(path, positive_label=2, classes=3)  # more classes than it says
+    with pytest.raises(ValueError, match="train_labels row 2 .* value 2 .*must be 0 or 1"):
+        load_medmnist(path, positive_label=2)  # undeclared, as a stray value in a binary file
+
+
+def _stray_label(path, split: str = "train", row: int = 5, value: int = 2):
+    """A binary npz with one stray ``value`` at ``split``'s ``row``."""
+    arrays = dict(np.load(write_npz(path)))
+    arrays[f"{split}_labels"][row, 0] = value
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("positive", [None, 0], ids=["file's 1", "positive_label 0"])
+def test_a_stray_label_in_a_binary_npz_is_refused_by_node_check(tmp_path, positive):
+    """With or without positive_label, a 2 in a 0/1 file stops ``fed-auc node --check``
+    (it used to become a negative with positive_label, and the node said "ready")."""
+    _stray_label(tmp_path / "m.npz")
+    site = tmp_path / "north.toml"
+    chosen = "" if positive is None else f"positive_label = {positive}\n"
+    site.write_text(f'name = "north"\n[data]\nspec = "medmnist:m.npz"\n{chosen}')
+    with pytest.raises(SystemExit) as refused:
+        main(["node", "--site", str(site), "--check", "--image-size", "16"])
+    said = str(refused.value.code)
+    assert said.startswith(f"fed-auc node: {site}: ")
+    assert f"{tmp_path / 'm.npz'}: train_labels row 5 column 0" in said
+    assert "has value 2 (1 such row(s) in train)" in said and "must be 0 or 1" in said
+    assert "classes" in said  # how a real multi-class file is given
+
+
+def test_a_stray_label_is_refused_in_process_and_a_declared_class_count_accepted(tmp_path):
+    path = _stray_label(tmp_path / "m.npz", "test", 2)
+    with pytest.raises(ValueError, match=r"m\.npz: test_labels row 2 column 0 has value 2"):
+        load_sites(f"medmnist:{path}", None, 2, 0, 16, positive_label=0)
+    sites, _ = load_sites(f"medmnist:{path}", None, 2, 0, 16, positive_label=0, classes=3)
+    assert sum(s.test.positives()[0] for s in sites) == int(
+        (np.load(path)["test_labels"] == 0).sum()
+    )
+
+
+def test_a_stray_label_in_a_csv_is_refused_with_positive_label(tmp_path):
+    path = _label_csv(tmp_path, ["0", "1", "2", "1", "0", "1"])
+    with pytest.raises(ValueError, match=r"labels\.csv line 4, column 'label': label '2' is not"):
+        load_csv_images(path, image_size=16, positive_label=0)
+
+
+def test_classes_is_checked_where_it_is_given(tmp_path):
+    npz = write_npz(tmp_path / "m.npz")
+    with pytest.raises(ValueError, match="classes = 3: a multi-class column needs positive_label"):
+        ExperimentConfig(data=f"medmnist:{npz}", classes=3)
+    with pytest.raises(ValueError, match="classes must be the number of classes .* got 1"):
+        ExperimentConfig(data=f"medmnist:{npz}", positive_label=0, classes=1)
+    site = tmp_path / "north.toml"
+    site.write_text('name = "north"\n[data]\nspec = "medmnist:m.npz"\nclasses = "9"\n')
+    with pytest.raises(ValueError, match=r"north\.toml: \[data\] classes must be"):
+        SiteDefinition.from_toml(site)
+    csv_path = _label_csv(tmp_path, ["0", "1", "1", "0"])
+    with pytest.raises(ValueError, match="classes = 3 applies to .npz files"):
+        load_sites(f"csv:{csv_path}", None, 1, 0, 16, positive_label=0, classes=3)
 
 
 @pytest.mark.parametrize("bad", [-1, True, "0", 0.5])
