@@ -68,7 +68,10 @@ class RoundProgress:
         self.phase = WARMUP if warmup else name
         self.positive_class: str | None = None
         file = sys.stderr if file is None else file
-        self.bar = tqdm(total=total, desc=self.phase, unit="round", file=file, bar_format=BAR)
+        self.bar = tqdm(  # every round redraws (rounds take seconds; tqdm would skip some)
+            total=total, desc=self.phase, unit="round", file=file, bar_format=BAR,
+            mininterval=0, miniters=1,
+        )  # fmt: skip
 
     def name_class(self, positive_class: str) -> None:
         """The class every AUC on the bar is about, shown beside the phase at once."""
