@@ -31,7 +31,7 @@ from fed_auc.run.initial import starting_point
 from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
 from fed_auc.store.records import RoundRecord
-from fed_auc.store.run_store import RunStore, git_revision
+from fed_auc.store.run_store import RunStore, git_revision, run_to_resume
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 
@@ -210,13 +210,7 @@ def resume_simulation(
     Rounds already in the store are neither lost nor repeated; with the same seed the result
     equals the uninterrupted run's.
     """
-    with RunStore(runs_dir) as store:
-        try:
-            run = store.run(run_id)
-        except KeyError:
-            raise ValueError(f"no run {run_id!r} in {store.path}") from None
-    if run["status"] == "completed":
-        raise ValueError(f"run {run_id!r} already completed: nothing to resume")
+    run = run_to_resume(runs_dir, run_id, "fed-auc simulate")
     config = recorded_config(run["config"], runs_dir)
     return _complete(build_federation(config, run_id, None, on_warmup_round), on_round)
 

@@ -140,10 +140,13 @@ def simulate(
     from fed_auc.simulation import rounds_left, run_simulation
 
     if resume is not None:
+        from fed_auc.store.run_store import run_to_resume
+
         try:
-            total, desc = rounds_left(*resume), f"resume {resume[1]}"
-        except KeyError as exc:
-            raise SystemExit(f"fed-auc simulate --resume: {exc.args[0]}") from None
+            run_to_resume(*resume, "fed-auc simulate")
+        except ValueError as exc:
+            raise SystemExit(f"fed-auc simulate --resume: {exc}") from None
+        total, desc = rounds_left(*resume), f"resume {resume[1]}"
     else:
         total, desc = config.warmup_rounds + config.rounds, config.algorithm
     progress = RoundProgress(total, desc, warmup=resume is None and config.warmup_rounds > 0)
@@ -212,12 +215,13 @@ def _resume(resume: tuple[str, str], on_round, on_warmup_round) -> dict[str, Any
 
 
 def resume_runs_dir(args: argparse.Namespace) -> str:
-    """``--resume`` takes every option from the recorded run; only where it lives may be given."""
+    """``--resume`` takes every option from the recorded run; only where it lives may be given,
+    and ``fed-auc --threads`` (this machine's cores, not the run's)."""
     given = [
         name
         for name, value in vars(args).items()
         if value not in (None, False)
-        and name not in ("command", "resume", "runs_dir", "json", "models_dir")
+        and name not in ("command", "resume", "runs_dir", "json", "models_dir", "threads")
     ]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)

@@ -118,23 +118,18 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
 
 def load_resumed(runs_dir: Path, run_id: str) -> dict[str, Any]:
     """The recorded experiment of an interrupted Flower run, to continue it."""
-    from fed_auc.store.run_store import STORE_FILE, RunStore
+    from fed_auc.store.run_store import run_to_resume
 
-    if not (runs_dir / STORE_FILE).is_file():
-        raise SystemExit(f"fed-auc coordinator --resume: no run store in {runs_dir}")
-    with RunStore(runs_dir) as store:
-        try:
-            run = store.run(run_id)
-        except KeyError as exc:
-            raise SystemExit(f"fed-auc coordinator --resume: {exc.args[0]}") from None
+    try:
+        run = run_to_resume(runs_dir, run_id, "fed-auc coordinator")
+    except ValueError as exc:
+        raise SystemExit(f"fed-auc coordinator --resume: {exc}") from None
     record = dict(run["config"])
     if record.get("transport") != "flower":
         raise SystemExit(
             f"fed-auc coordinator --resume: run {run_id!r} did not run over Flower; "
             "continue it with `fed-auc simulate --resume`"
         )
-    if run["status"] == "completed":
-        raise SystemExit(f"fed-auc coordinator --resume: run {run_id!r} already completed")
     flower = record.pop("flower")
     config = recorded_config(record, runs_dir.resolve())
     return {"experiment": config.to_dict(), "flower": flower, "run_id": run_id, "resume": True}

@@ -209,6 +209,34 @@ class _Transaction:
         self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
+def run_to_resume(runs_dir: str | Path, run_id: str, command: str) -> dict[str, Any]:
+    """The recorded run ``run_id`` that ``command`` (``fed-auc simulate``, ``fed-auc
+    coordinator``) is to continue. Never creates a folder or a store: a mistyped id or runs
+    dir is an error naming the runs that can be resumed there."""
+    path = Path(runs_dir) / STORE_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"no run store at {path}, so no run {run_id!r} to resume; give the --runs-dir "
+            f"the run was started with (`{command} --resume RUN_ID --runs-dir DIR`)"
+        )
+    with RunStore(runs_dir) as store:
+        try:
+            run = store.run(run_id)
+        except KeyError:
+            runs = store.runs()
+            open_runs = runs[(runs["status"] != "completed") & (runs["algorithm"] != "evaluate")]
+            ids = list(open_runs["id"])[::-1]  # latest first
+            held = (
+                "the runs there that can be resumed, latest first: " + ", ".join(ids[:5])
+                if ids
+                else "it holds no run that can be resumed"
+            )
+            raise ValueError(f"no run {run_id!r} in {path}; {held}") from None
+    if run["status"] == "completed":
+        raise ValueError(f"run {run_id!r} already completed: nothing to resume")
+    return run
+
+
 def git_revision() -> str | None:
     """The code's git revision, recorded with each run (None outside a git checkout)."""
     try:

@@ -148,3 +148,27 @@ def test_cli_resume_refuses_other_options(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit, match="drop --rounds"):
         main(["simulate", "--resume", "abc", "--rounds", "3", "--runs-dir", str(tmp_path)])
+
+
+def test_cli_resume_of_an_unknown_run_creates_nothing_and_names_the_runs_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped runs dir or run id: no folder, no empty store; the runs that can be resumed
+    are listed. ``fed-auc --threads 1`` (the guide's) is this machine's, not the run's."""
+    from fed_auc.cli import main
+
+    missing = tmp_path / "typo"
+    with pytest.raises(SystemExit, match="no run store at .*typo.*--runs-dir"):
+        main(["--threads", "1", "simulate", "--resume", "nope", "--runs-dir", str(missing)])
+    assert not missing.exists()
+
+    config = ExperimentConfig(runs_dir=str(tmp_path), **{**OPTIONS, "rounds": 1})
+    done = run_simulation(config)["run_id"]
+    with pytest.raises(SystemExit, match="it holds no run that can be resumed"):
+        main(["simulate", "--resume", "nope", "--runs-dir", str(tmp_path)])
+    with RunStore(tmp_path) as store:
+        store._conn.execute("UPDATE runs SET status = 'failed'")
+    with pytest.raises(SystemExit, match=f"no run 'nope' in .*latest first: {done}"):
+        main(["--threads", "1", "simulate", "--resume", "nope", "--runs-dir", str(tmp_path)])
+    assert main(["--threads", "1", "simulate", "--resume", done, "--runs-dir", str(tmp_path)]) == 0
+    assert f"run {done}: " in capsys.readouterr().out
