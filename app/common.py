@@ -54,7 +54,12 @@ def load_runs() -> pd.DataFrame | None:
     directory = runs_dir()
     if not queries.store_path(directory).exists():
         return None
-    return gate.visible_runs(_runs(str(directory), queries.store_version(directory)))
+    try:
+        runs = _runs(str(directory), queries.store_version(directory))
+    except queries.UnreadableStore as exc:  # its message, never a traceback in the page
+        st.error(str(exc))
+        st.stop()
+    return gate.visible_runs(runs)
 
 
 def load_run(run_id: str) -> RunData:

@@ -41,10 +41,20 @@ def connect(runs_dir: str | Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True, timeout=10)
 
 
+class UnreadableStore(ValueError):
+    """The store file is there but is not a fed-auc run store (not SQLite, or other tables)."""
+
+
 def _frame(runs_dir: str | Path, sql: str, params: tuple[Any, ...] = ()) -> pd.DataFrame:
     conn = connect(runs_dir)
     try:
         return pd.read_sql_query(sql, conn, params=params)
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+        reason = str(exc.__cause__ or exc)  # SQLite's words, not pandas' echo of the query
+        raise UnreadableStore(
+            f"{store_path(runs_dir)} is not a fed-auc run store (SQLite: {reason}); point the "
+            "dashboard at the runs directory a run wrote (`fed-auc dashboard --runs-dir DIR`)"
+        ) from None
     finally:
         conn.close()
 

@@ -67,11 +67,25 @@ def resolve_device(text: str, where: str = "device") -> torch.device:
         return torch.device("cpu")
     index = int(text[5:]) if ":" in text else 0
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        raise ValueError(
-            f"{where} = {text!r} asked for, but {cuda_found()}; use --device cpu (or auto), or "
-            'install a CUDA build of torch (hospitals/README.md, "A GPU node")'
-        )
+        raise ValueError(f"{where} = {text!r} asked for, but {cuda_found()}; {_cuda_remedy()}")
     return torch.device("cuda", index)
+
+
+def _cuda_remedy() -> str:
+    """What to do about a CUDA device this torch cannot use: a CPU-only build needs the CUDA
+    build; a CUDA build that sees no GPU needs the GPU made visible (installing is no cure)."""
+    if torch.version.cuda is None:
+        return (
+            "use --device cpu (or auto), or install a CUDA build of torch "
+            '(hospitals/README.md, "A GPU node")'
+        )
+    if not torch.cuda.is_available():
+        return (
+            "this build can use a GPU, but none is visible to it: check `nvidia-smi` (driver), "
+            "CUDA_VISIBLE_DEVICES and, in a container, its GPU access (`--gpus`); "
+            "or use --device cpu (or auto)"
+        )
+    return "choose one of those devices, or auto"
 
 
 class LossScale:

@@ -241,14 +241,24 @@ def test_a_running_run_that_went_silent_is_flagged(monkeypatch, store_dir):
     assert re.search(silent, texts(at))
 
 
-@pytest.mark.parametrize("state", ["missing", "empty"])
-def test_every_page_explains_an_empty_or_missing_store(monkeypatch, tmp_path, state):
+@pytest.mark.parametrize("state", ["missing", "empty", "not a database"])
+def test_every_page_explains_an_empty_missing_or_unreadable_store(monkeypatch, tmp_path, state):
+    """An unreadable store file is a message naming it and what to do, never a traceback (with
+    the install's paths) in the page."""
     if state == "empty":
         RunStore(tmp_path).close()
-    at = open_page(monkeypatch, tmp_path if state == "empty" else tmp_path / "nothing", "overview")
-    expected = "has no runs yet" if state == "empty" else "No run store"
+    if state == "not a database":
+        (tmp_path / "fed_auc.sqlite").write_bytes(b"these are not the runs you are looking for")
+    where = tmp_path / "nothing" if state == "missing" else tmp_path
+    at = open_page(monkeypatch, where, "overview")
+    expected = {
+        "missing": "No run store",
+        "empty": "has no runs yet",
+        "not a database": f"{tmp_path / 'fed_auc.sqlite'} is not a fed-auc run store",
+    }[state]
     for page in visit_every_page(at):
         assert expected in texts(at), page
+        assert not at.exception, page
 
 
 def test_dashboard_without_streamlit_says_which_extra_instead_of_printing_a_url(

@@ -49,6 +49,21 @@ def test_auto_is_the_cpu_without_cuda_and_cuda_without_it_is_an_error_naming_bot
             resolve_device(bad)
 
 
+def test_cuda_asked_of_each_kind_of_torch_says_the_remedy_that_fits_it(monkeypatch):
+    """A CPU-only build: install the CUDA build. A CUDA build that sees no GPU: installing is
+    no cure; the GPU must be made visible to it."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ValueError, match=r"CPU-only build .*install a CUDA build of torch"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as refused:
+        resolve_device("cuda")
+    assert "(CUDA 12.8) finds no usable GPU" in str(refused.value)
+    assert "none is visible to it: check `nvidia-smi`" in str(refused.value)
+    assert "install" not in str(refused.value)
+
+
 def test_a_cuda_index_beyond_the_devices_found_names_how_many_there_are(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -56,6 +71,8 @@ def test_a_cuda_index_beyond_the_devices_found_names_how_many_there_are(monkeypa
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     assert resolve_device("auto") == torch.device("cuda", 0)
     with pytest.raises(ValueError, match=r"'cuda:2' asked for, but 2 CUDA device\(s\): cuda:0 to"):
+        resolve_device("cuda:2")
+    with pytest.raises(ValueError, match="choose one of those devices, or auto"):
         resolve_device("cuda:2")
 
 
