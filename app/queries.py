@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from fed_auc.store.facts import data_source
 from fed_auc.store.run_store import STORE_FILE
 
 MB = 1e6
@@ -141,16 +142,6 @@ def is_training(run: dict[str, Any]) -> bool:
 def warmup_for(run: dict[str, Any]) -> str | None:
     """The main run a warm-up run warm-started (config ``warmup_for``), else None."""
     return (run.get("config") or {}).get("warmup_for")
-
-
-def data_source(config: dict[str, Any] | None) -> str:
-    """Where a run's data came from, in a few words: synthetic, a file's name, site files."""
-    config = config or {}
-    if config.get("site_files"):
-        return "site files"
-    data = str(config.get("data", "synthetic"))
-    kind, _, path = data.partition(":")
-    return f"{kind}:{Path(path.split(':')[0]).name}" if path else kind
 
 
 def positive_class(summaries: Any) -> str:
