@@ -40,6 +40,7 @@ from fed_auc.transport.flower.processes import (
     kill_group,
     reachable,
     read_from,
+    relay,
     stop_tree,
     wait_for_port,
     wait_or_unstick,
@@ -237,8 +238,7 @@ def _serve(
         follower = threading.Thread(target=follow_log, args=(progress_file, echo, done))
         follower.start()
         try:
-            for line in stream.stdout:  # Flower's own messages (and a ServerApp's traceback)
-                echo(line.rstrip())
+            relay(stream.stdout, echo)  # Flower's own messages (and a ServerApp's traceback)
         finally:
             if stream.poll() is None:
                 stream.terminate()
