@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,9 +223,13 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     os.killpg(coordinator.pid, signal.SIGKILL)  # with its SuperLink and ServerApp
     coordinator.wait(timeout=60)
     runs = fed.root / f"runs_{name}"
+    deadline = time.monotonic() + 60  # the ServerApp fails the run once its coordinator is gone
     with RunStore(runs) as store:
         run_id = store.runs()["id"].iloc[0]
-        assert store.run(run_id)["status"] == "running"
+        while store.run(run_id)["status"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.run(run_id)["status"] == "failed"
+        assert "ended without stopping its run" in store.run(run_id)["summary"]["error"]
         assert 1 <= store.rounds(run_id)["round"].max() < 3
     args = ("coordinator", "--resume", run_id, "--runs-dir", str(runs), "--json")
     summary = _finish(fed, "resumed", _start(fed.root, *args, log="resumed.log"))
