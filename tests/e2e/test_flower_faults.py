@@ -391,6 +391,34 @@ def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp
     assert f"continue it with `fed-auc coordinator --resume {run['id']} --runs-dir" in text
 
 
+@pytest.mark.slow
+def test_at_the_end_of_a_run_the_node_says_so_not_that_the_coordinator_is_gone(tmp_path):
+    from tests.support.flower_loopback import _site_toml
+
+    process, log = _coordinator(tmp_path, 300, rounds=1)
+    address = re.search(r'address = "([^"]+)"', (tmp_path / "experiment.toml").read_text())[1]
+    node_log = tmp_path / "node.log"
+    site = str(_site_toml(tmp_path, "mercy_rural"))
+    command = ["node", "--site", site, "--coordinator", address, "--insecure"]
+    node = start_fed_auc(tmp_path, *command, log=node_log)
+    try:
+        assert process.wait(timeout=300) == 0, log.read_text()
+        wait_for_line(node_log, "completed at the coordinator", node, timeout=60)
+        # its SuperNode finds the coordinator gone; the node reads that log every second
+        supernode_log = tmp_path / "nodes" / "mercy_rural" / "supernode.log"
+        wait_for_line(supernode_log, "Connection attempt failed", node, timeout=60)
+        time.sleep(3)
+    finally:
+        stop_all([node])
+    text = node_log.read_text()
+    assert (
+        f"mercy_rural: run {_run(tmp_path)['id']} completed at the coordinator; this node waits "
+        "for the next run (Ctrl-C stops it)"
+    ) in text
+    assert "cannot reach" not in text and "SuperNode exited" not in text, text
+    assert "Traceback" not in text
+
+
 def test_a_node_refuses_a_batch_larger_than_its_training_split_in_one_line(tmp_path):
     from fed_auc.site import SiteDefinition
     from fed_auc.transport.flower.worker import NodeWorker

@@ -81,6 +81,7 @@ def run_evaluation(
         store.add_event(run_id, "evaluation completed")
         store.finish_run(run_id, "completed", summary)
         store.close()
+        transport.end("completed")
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise

@@ -312,7 +312,6 @@ def run_node(
     """
     state_dir = site.state_dir.resolve()
     lock = lock_state_dir(state_dir)  # StateDirBusy: another node serves from it
-    worker = NodeWorker(site, echo)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
     command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
     command += ["--superlink", coordinator, "--isolation", "process", "--port", str(port)]
@@ -327,6 +326,7 @@ def run_node(
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
     watch = SupernodeWatch(site.name, coordinator, root_certificates)
+    worker = NodeWorker(site, echo, on_end=watch.run_ended)
 
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""

@@ -106,14 +106,19 @@ class SupernodeWatch:
     address: str
     ca: Path | None = None
     said: str | None = None  # the last cause reported (reported again only if it changes)
+    ended: bool = False  # the coordinator said its run ended: it is expected to go away
     _seen: str = field(default="", repr=False)
+
+    def run_ended(self) -> None:
+        """The coordinator said its run ended: losing it next is no fault (said: nothing)."""
+        self.ended = True
 
     def feed(self, text: str) -> list[str]:
         """The log of the current SuperNode so far (from its start): lines to print now."""
         new, self._seen = text[len(self._seen) :], text
         if CONNECTED in new:
             joined = self.said is not None
-            self.said = None
+            self.said, self.ended = None, False
             if joined:
                 return [f"{self.site}: connected to the coordinator at {self.address}"]
             return []
@@ -128,8 +133,8 @@ class SupernodeWatch:
             )
         if cause == self.said:
             return []
-        self.said = cause
-        return [f"{self.site}: {cause}; retrying"]
+        self.said = cause  # after the end of a run, kept to say when the node connects again
+        return [] if self.ended else [f"{self.site}: {cause}; retrying"]
 
     def listening(self) -> bool:
         """Whether anything accepts a TCP connection at the address now."""

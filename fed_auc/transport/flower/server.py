@@ -132,6 +132,7 @@ def run_experiment(
         summary["evaluation"] = evaluate_export(
             everyone, config.runs_dir, run_id, summary["model_path"], "flower"
         )
+    everyone.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary
 
 
