@@ -187,6 +187,9 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
     with RunStore(fed.root / f"runs_{name}") as store:
         events = " ".join(store.events(summary["run_id"])["message"])
     assert f"site {victim} left" in events and f"site {victim} rejoined after" in events
+    # Its key is registered: a refusal while the coordinator held its old session is said so.
+    console = (fed.root / f"{victim}.log").read_text()
+    assert "this key is not registered" not in console, console
     # Rounds a busy machine made other sites miss are mirrored below as well.
     missed = {key for key, value in status.items() if key[1] > 0 and value != "completed"}
     # After the restart it wrote state for a later round than any before the kill.

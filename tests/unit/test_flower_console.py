@@ -85,3 +85,70 @@ def test_a_node_says_its_run_completed_and_not_that_the_coordinator_is_gone(tmp_
         assert watch.feed(STARTED + GONE * 3 + JOINED + GONE)[0].startswith(  # mid-run: a fault
             f"{site}: cannot reach 127.0.0.1:1"
         )
+
+
+# Flower 1.42's SuperNode log when the SuperLink refuses to activate it: for a key it does not
+# know and for a key whose previous session it still holds alike
+REFUSED = """\
+ERROR :     Exit Code: 305
+Failed to initialize the connection to the SuperLink.
+[code: 2004] Failed to activate SuperNode.
+The SuperNode could not establish a connection to the SuperLink.
+"""
+ADDRESS = "127.0.0.1:9092"
+
+
+def test_a_refusal_of_a_node_that_joined_before_says_its_session_is_still_held():
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    from fed_auc.transport.flower.node_watch import SESSION_HELD_S, explain
+
+    assert SESSION_HELD_S == HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL  # Flower's
+    assert explain(STARTED + REFUSED, ADDRESS, rejoining=True) == (
+        f"the coordinator at {ADDRESS} does not let this node in yet (it still holds this "
+        "node's previous session; it is released within ~60 s)"
+    )
+    assert explain(STARTED + REFUSED, ADDRESS).startswith("this key is not registered")
+
+
+def test_a_restarted_node_hears_its_session_is_held_before_that_its_key_is_unknown(tmp_path):
+    from fed_auc.transport.flower.node_watch import JOINED_FILE, Joined, SupernodeWatch
+
+    log = tmp_path / "supernode.log"
+    first = SupernodeWatch("north", ADDRESS, None, tmp_path, "SHA256:abc")
+    first.feed(STARTED + JOINED)  # it joined: the record says where and with which key
+    assert Joined.read(tmp_path) == Joined(ADDRESS, "SHA256:abc")
+    assert (tmp_path / JOINED_FILE).exists()
+
+    watch = SupernodeWatch("north", ADDRESS, None, tmp_path, "SHA256:abc")  # restarted
+    watch.feed(STARTED + REFUSED)
+    assert watch.exited(1, log) == (
+        f"north: the coordinator at {ADDRESS} does not let this node in yet (it still holds "
+        "this node's previous session; it is released within ~60 s); retrying"
+    )
+    watch.feed(STARTED + REFUSED)
+    assert watch.exited(1, log) == ""  # once, not at every retry
+    watch.refused_since -= 91  # refused for longer than the session can be held
+    watch.feed(STARTED + REFUSED)
+    assert watch.exited(1, log).startswith("north: this key is not registered at the coordinator")
+    watch.feed(STARTED + JOINED)
+    watch.feed(STARTED + JOINED + REFUSED)  # joined again: a new patience
+    assert "does not let this node in yet" in watch.exited(1, log)
+
+    for other in (  # another key, or another coordinator: the key is not registered there
+        SupernodeWatch("north", ADDRESS, None, tmp_path, "SHA256:other"),
+        SupernodeWatch("north", "10.0.0.9:9092", None, tmp_path, "SHA256:abc"),
+        SupernodeWatch("north", ADDRESS, None, tmp_path / "never_joined", "SHA256:abc"),
+    ):
+        other.feed(STARTED + REFUSED)
+        assert "this key is not registered" in other.exited(1, log)
+
+
+def test_the_joined_record_names_the_key_as_the_coordinator_knows_it(tmp_path):
+    from fed_auc.transport.flower.certs import make_certs
+    from fed_auc.transport.flower.identity import fingerprint, key_file_fingerprint
+
+    keys = make_certs(tmp_path / "certs", ["north"]) / "keys"
+    assert key_file_fingerprint(keys / "north.key") == fingerprint((keys / "north.pub").read_text())
+    (tmp_path / "garbage.key").write_text("not a key\n")
+    assert key_file_fingerprint(tmp_path / "garbage.key") is None

@@ -27,7 +27,7 @@ from fed_auc.store.run_store import STORE_FILE, RunStore, git_revision
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.coordinator_watch import ProcessIdentity, resume_hint
 from fed_auc.transport.flower.executor import serve_tasks
-from fed_auc.transport.flower.identity import read_site_keys
+from fed_auc.transport.flower.identity import key_file_fingerprint, read_site_keys
 from fed_auc.transport.flower.node_watch import (
     SupernodeWatch,
     lock_state_dir,
@@ -325,7 +325,8 @@ def run_node(
     env = flower_env(state_dir / "flwr_home")
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
-    watch = SupernodeWatch(site.name, coordinator, root_certificates)
+    key = None if auth_key is None else key_file_fingerprint(auth_key)
+    watch = SupernodeWatch(site.name, coordinator, root_certificates, state_dir, key)
     worker = NodeWorker(site, echo, on_end=watch.run_ended)
 
     def supervise() -> None:
