@@ -58,7 +58,7 @@ def test_a_node_says_its_run_completed_and_not_that_the_coordinator_is_gone(tmp_
     watches = {site: SupernodeWatch(site, "127.0.0.1:1") for site in SITES}  # nothing there
     workers = {
         site: NodeWorker(SiteDefinition.from_toml(path), consoles[site].append,
-                         on_end=watches[site].run_ended)
+                         on_request=watches[site].heard)
         for site, path in zip(SITES, files, strict=True)
     }  # fmt: skip
     runs = tmp_path / "runs"
@@ -85,6 +85,12 @@ def test_a_node_says_its_run_completed_and_not_that_the_coordinator_is_gone(tmp_
         assert watch.feed(STARTED + GONE * 3 + JOINED + GONE)[0].startswith(  # mid-run: a fault
             f"{site}: cannot reach 127.0.0.1:1"
         )
+    # a run that ends, then another on the same coordinator (--leave-each-out): once that one
+    # asks something, losing the coordinator is a fault again
+    watch = SupernodeWatch("north", "127.0.0.1:1")
+    watch.heard("end")
+    watch.heard("register")
+    assert watch.feed(STARTED + GONE)[0].startswith("north: cannot reach 127.0.0.1:1")
 
 
 # Flower 1.42's SuperNode log when the SuperLink refuses to activate it: for a key it does not

@@ -81,8 +81,8 @@ def run_evaluation(
         store.add_event(run_id, "evaluation completed")
         store.finish_run(run_id, "completed", summary)
         store.close()
-        transport.end("completed")
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
+    transport.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary

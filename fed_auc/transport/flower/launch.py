@@ -327,7 +327,7 @@ def run_node(
     supernode: subprocess.Popen | None = None
     key = None if auth_key is None else key_file_fingerprint(auth_key)
     watch = SupernodeWatch(site.name, coordinator, root_certificates, state_dir, key)
-    worker = NodeWorker(site, echo, on_end=watch.run_ended)
+    worker = NodeWorker(site, echo, on_request=watch.heard)
 
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""

@@ -151,9 +151,10 @@ class SupernodeWatch:
     ended: bool = False  # the coordinator said its run ended: it is expected to go away
     _seen: str = field(default="", repr=False)
 
-    def run_ended(self) -> None:
-        """The coordinator said its run ended: losing it next is no fault (said: nothing)."""
-        self.ended = True
+    def heard(self, kind: str) -> None:
+        """The coordinator sent a request of ``kind``: after ``end`` (its run ended) losing it
+        is no fault and nothing is said; after any other request it is one again."""
+        self.ended = kind == "end"
 
     def feed(self, text: str) -> list[str]:
         """The log of the current SuperNode so far (from its start): lines to print now."""

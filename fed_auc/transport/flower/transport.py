@@ -168,7 +168,8 @@ class FlowerTransport:
     def end(self, status: str) -> None:
         """Tell every connected node that the run ended (``status``: ``completed``): each
         says so, and the coordinator going away next is no fault to it. A node that does not
-        acknowledge within ``END_TIMEOUT_S`` is not waited for."""
+        acknowledge within ``END_TIMEOUT_S`` is not waited for; the run's result stands
+        whatever happens to these messages."""
         header = {"kind": "end", "run_id": self.setup["run_id"], "status": status}
         nodes = [n for site, n in self.node_of.items() if site not in self.away_since]
         messages = [
@@ -176,7 +177,10 @@ class FlowerTransport:
                     ttl=END_TIMEOUT_S)
             for n in nodes
         ]  # fmt: skip
-        self._exchange(messages, END_TIMEOUT_S)
+        try:
+            self._exchange(messages, END_TIMEOUT_S)
+        except Exception as exc:  # e.g. the SuperLink stopping: the nodes learn it otherwise
+            self.log(f"the nodes were not told that the run ended: {type(exc).__name__}: {exc}")
 
     # -- messaging ------------------------------------------------------------------------
     def _ask(
