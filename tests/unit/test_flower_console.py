@@ -79,10 +79,13 @@ def test_a_node_says_its_run_completed_and_not_that_the_coordinator_is_gone(tmp_
         watch = watches[site]
         assert watch.feed(STARTED + GONE) == []  # not "cannot reach ...: is it running?"
         assert watch.feed(STARTED + GONE * 3) == []
-        assert watch.feed(STARTED + GONE * 3 + JOINED) == [  # the next run's coordinator
+        # the next run's coordinator: a new SuperLink, which refuses the old session first
+        watch.feed(STARTED + GONE * 3 + "ERROR :     ... 401 Unauthorized ...\n")
+        assert watch.exited(1, tmp_path / "supernode.log") == ""
+        assert watch.feed(STARTED + JOINED) == [
             f"{site}: connected to the coordinator at 127.0.0.1:1"
         ]
-        assert watch.feed(STARTED + GONE * 3 + JOINED + GONE)[0].startswith(  # mid-run: a fault
+        assert watch.feed(STARTED + JOINED + GONE)[0].startswith(  # mid-run: a fault
             f"{site}: cannot reach 127.0.0.1:1"
         )
     # a run that ends, then another on the same coordinator (--leave-each-out): once that one

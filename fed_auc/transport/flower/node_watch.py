@@ -201,6 +201,8 @@ class SupernodeWatch:
         if cause == self.said:  # said already at its previous exit: one line, not one per try
             return ""
         self.said = cause
+        if self.ended and cause == explain(REFUSED, self.address):  # the next run's SuperLink
+            return ""  # is a new one: expected after the end of a run; "connected" follows
         return f"{self.site}: {cause}; retrying"
 
     def _rejoining(self) -> bool:
