@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +187,9 @@ def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypa
     with RunStore(fed.root / f"runs_{name}") as store:
         events = " ".join(store.events(summary["run_id"])["message"])
     assert f"site {victim} left" in events and f"site {victim} rejoined after" in events
+    # Its key is registered: a refusal while the coordinator held its old session is said so.
+    console = (fed.root / f"{victim}.log").read_text()
+    assert "this key is not registered" not in console, console
     # Rounds a busy machine made other sites miss are mirrored below as well.
     missed = {key for key, value in status.items() if key[1] > 0 and value != "completed"}
     # After the restart it wrote state for a later round than any before the kill.
@@ -222,9 +226,13 @@ def test_a_killed_coordinator_resumes_its_run_to_the_uninterrupted_result(fed):
     os.killpg(coordinator.pid, signal.SIGKILL)  # with its SuperLink and ServerApp
     coordinator.wait(timeout=60)
     runs = fed.root / f"runs_{name}"
+    deadline = time.monotonic() + 60  # the ServerApp fails the run once its coordinator is gone
     with RunStore(runs) as store:
         run_id = store.runs()["id"].iloc[0]
-        assert store.run(run_id)["status"] == "running"
+        while store.run(run_id)["status"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.run(run_id)["status"] == "failed"
+        assert "ended without stopping its run" in store.run(run_id)["summary"]["error"]
         assert 1 <= store.rounds(run_id)["round"].max() < 3
     args = ("coordinator", "--resume", run_id, "--runs-dir", str(runs), "--json")
     summary = _finish(fed, "resumed", _start(fed.root, *args, log="resumed.log"))

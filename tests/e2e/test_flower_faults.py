@@ -276,6 +276,7 @@ def test_stopping_the_coordinator_stops_everything_it_started(tmp_path, stop):
         wait_for_line(log, "waiting for 1 site(s)", process, timeout=180)  # the ServerApp runs
         children = _children(process.pid)
         assert len(children) >= 3  # the SuperLink, its SuperExec, the ServerApp, `flwr run`
+        assert any("flwr-serverapp" in _command(p) for p in children)
         process.send_signal(stop)
         process.wait(timeout=60)
         deadline = time.monotonic() + 60
@@ -289,12 +290,48 @@ def test_stopping_the_coordinator_stops_everything_it_started(tmp_path, stop):
         if process.poll() is None:
             process.wait()
     run = _run(tmp_path)
-    # resumable either way; SIGKILL leaves no one to mark it failed (as for `simulate`)
-    assert run["status"] == ("failed" if stop == signal.SIGTERM else "running")
+    assert run["status"] == "failed"  # resumable either way
+    resume = f"continue it with `fed-auc coordinator --resume {run['id']} --runs-dir"
     if stop == signal.SIGTERM:
         assert process.returncode == 130
-        assert f"continue it with `fed-auc coordinator --resume {run['id']}" in log.read_text()
+        assert resume in log.read_text()
         assert "Traceback" not in log.read_text()
+    else:  # no one left to say it but the ServerApp, which failed the run before it exited
+        reason = run["summary"]["error"]
+        assert reason.startswith(
+            f"the coordinator process (PID {process.pid}) ended without stopping its run. "
+        )
+        assert resume in reason
+        with RunStore(tmp_path / "runs") as store:
+            assert reason in store.events(run["id"])["message"].tolist()
+
+
+def test_the_serverapp_knows_its_coordinator_by_pid_and_start_time():
+    """A SIGKILLed coordinator is a zombie until reaped, and its PID may be reused later:
+    neither is taken for the coordinator still running."""
+    from fed_auc.transport.flower.coordinator_watch import ProcessIdentity, start_time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        coordinator = ProcessIdentity(child.pid, start_time(child.pid))
+        assert coordinator.alive()
+        assert not ProcessIdentity(child.pid, coordinator.started - 1).alive()  # a reused PID
+        child.kill()
+        deadline = time.monotonic() + 10
+        while coordinator.alive() and time.monotonic() < deadline:  # a zombie: not reaped yet
+            time.sleep(0.05)
+        assert not coordinator.alive() and Path(f"/proc/{child.pid}").exists()
+    finally:
+        child.kill()
+        child.wait()
+    assert ProcessIdentity.current().alive()
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def _running(pid: int) -> bool:
@@ -352,6 +389,34 @@ def test_a_node_that_dies_under_min_nodes_ends_the_run_in_one_line_naming_it(tmp
         r"round \d+ failed: 2 of 3 nodes replied \(min_nodes 3\); missed: mercy_rural \(", text
     ), text
     assert f"continue it with `fed-auc coordinator --resume {run['id']} --runs-dir" in text
+
+
+@pytest.mark.slow
+def test_at_the_end_of_a_run_the_node_says_so_not_that_the_coordinator_is_gone(tmp_path):
+    from tests.support.flower_loopback import _site_toml
+
+    process, log = _coordinator(tmp_path, 300, rounds=1)
+    address = re.search(r'address = "([^"]+)"', (tmp_path / "experiment.toml").read_text())[1]
+    node_log = tmp_path / "node.log"
+    site = str(_site_toml(tmp_path, "mercy_rural"))
+    command = ["node", "--site", site, "--coordinator", address, "--insecure"]
+    node = start_fed_auc(tmp_path, *command, log=node_log)
+    try:
+        assert process.wait(timeout=300) == 0, log.read_text()
+        wait_for_line(node_log, "completed at the coordinator", node, timeout=60)
+        # its SuperNode finds the coordinator gone; the node reads that log every second
+        supernode_log = tmp_path / "nodes" / "mercy_rural" / "supernode.log"
+        wait_for_line(supernode_log, "Connection attempt failed", node, timeout=60)
+        time.sleep(3)
+    finally:
+        stop_all([node])
+    text = node_log.read_text()
+    assert (
+        f"mercy_rural: run {_run(tmp_path)['id']} completed at the coordinator; this node waits "
+        "for the next run (Ctrl-C stops it)"
+    ) in text
+    assert "cannot reach" not in text and "SuperNode exited" not in text, text
+    assert "Traceback" not in text
 
 
 def test_a_node_refuses_a_batch_larger_than_its_training_split_in_one_line(tmp_path):

@@ -106,6 +106,12 @@ class FlowerLikeTransport:
             out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["report"]
         return out
 
+    def end(self, status: str) -> None:
+        """Tell every node the run ended, as ``FlowerTransport.end``."""
+        header = {"kind": "end", "run_id": self.setup["run_id"], "status": status}
+        for site in self.workers:
+            self._ask(site, (header, []))
+
     def _ask(self, site: str, frame):
         """One request as a Flower message's content, answered as ``fed-auc node`` answers it."""
         header, buffers = message_frame(frame_content(*frame))

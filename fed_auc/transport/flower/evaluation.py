@@ -84,4 +84,5 @@ def run_evaluation(
     except BaseException as exc:
         fail_run(store, run_id, exc)
         raise
+    transport.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary

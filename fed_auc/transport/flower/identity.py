@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 
@@ -31,6 +32,19 @@ def fingerprint(public_key: bytes | str) -> str:
     wire = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     digest = hashlib.sha256(base64.b64decode(wire.split()[1])).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def key_file_fingerprint(path: str | Path) -> str | None:
+    """The fingerprint of the public half of an OpenSSH private key file (a node's
+    ``--auth-key``); None if it is not one (its SuperNode then says why it fails)."""
+    try:
+        key = serialization.load_ssh_private_key(Path(path).read_bytes(), password=None)
+        public = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+    except (OSError, ValueError, TypeError, UnsupportedAlgorithm):
+        return None
+    return fingerprint(public)
 
 
 def read_site_keys(keys_dir: str | Path) -> dict[str, str]:

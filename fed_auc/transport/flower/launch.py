@@ -25,8 +25,9 @@ from fed_auc.experiment.files import FlowerSettings
 from fed_auc.site import SiteDefinition
 from fed_auc.store.run_store import STORE_FILE, RunStore, git_revision
 from fed_auc.transport.flower import client
+from fed_auc.transport.flower.coordinator_watch import ProcessIdentity, resume_hint
 from fed_auc.transport.flower.executor import serve_tasks
-from fed_auc.transport.flower.identity import read_site_keys
+from fed_auc.transport.flower.identity import key_file_fingerprint, read_site_keys
 from fed_auc.transport.flower.node_watch import (
     SupernodeWatch,
     lock_state_dir,
@@ -40,6 +41,7 @@ from fed_auc.transport.flower.processes import (
     kill_group,
     reachable,
     read_from,
+    relay,
     stop_tree,
     wait_for_port,
     wait_or_unstick,
@@ -104,7 +106,7 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
     work_dir = work_dir.resolve()
     summary_file = work_dir / "summary.json"
     summary_file.unlink(missing_ok=True)
-    hint = _resume_hint(experiment)
+    hint = resume_hint(experiment)
     try:
         _serve(experiment, settings, work_dir, summary_file, echo)
     except KeyboardInterrupt as exc:
@@ -125,18 +127,6 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
         _mark_stopped(runs_dir, run_id, RuntimeError(summary["error"]))
         raise CoordinatorFailed(f"{summary['error']}{hint}")
     return summary
-
-
-def _resume_hint(experiment: dict[str, Any]) -> str:
-    if "evaluation" in experiment:  # an evaluation job starts again from the start
-        return ". Nothing was exported; run the evaluation again"
-    if experiment.get("leave_each_out"):  # several runs: the failed one is marked failed
-        return ". Runs that completed are kept in the store; start --leave-each-out again"
-    run_id, runs_dir = experiment["run_id"], experiment["experiment"]["runs_dir"]
-    return (
-        f". The run is saved; continue it with "
-        f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`"
-    )
 
 
 def _create_run(experiment: dict[str, Any]) -> str:
@@ -196,6 +186,8 @@ def _serve(
     progress_file = work_dir / "progress.log"
     progress_file.write_text("")
     files = {"summary_file": str(summary_file), "progress_file": str(progress_file)}
+    # the ServerApp fails the run and exits if this process ends without stopping it (SIGKILL)
+    files["coordinator"] = ProcessIdentity.current().to_dict()
     superlink_log = work_dir / "superlink.log"
     start = superlink_log.stat().st_size if superlink_log.exists() else 0
     with open(superlink_log, "ab") as log:  # it dies with us, even by SIGKILL
@@ -237,8 +229,7 @@ def _serve(
         follower = threading.Thread(target=follow_log, args=(progress_file, echo, done))
         follower.start()
         try:
-            for line in stream.stdout:  # Flower's own messages (and a ServerApp's traceback)
-                echo(line.rstrip())
+            relay(stream.stdout, echo)  # Flower's own messages (and a ServerApp's traceback)
         finally:
             if stream.poll() is None:
                 stream.terminate()
@@ -321,7 +312,6 @@ def run_node(
     """
     state_dir = site.state_dir.resolve()
     lock = lock_state_dir(state_dir)  # StateDirBusy: another node serves from it
-    worker = NodeWorker(site, echo)
     port = free_port()  # the SuperNode's Runtime API (127.0.0.1), for our executor only
     command = [sys.executable, "-m", "fed_auc.transport.flower.supernode"]
     command += ["--superlink", coordinator, "--isolation", "process", "--port", str(port)]
@@ -335,7 +325,9 @@ def run_node(
     env = flower_env(state_dir / "flwr_home")
     stopping = threading.Event()
     supernode: subprocess.Popen | None = None
-    watch = SupernodeWatch(site.name, coordinator, root_certificates)
+    key = None if auth_key is None else key_file_fingerprint(auth_key)
+    watch = SupernodeWatch(site.name, coordinator, root_certificates, state_dir, key)
+    worker = NodeWorker(site, echo, on_request=watch.heard)
 
     def supervise() -> None:
         """Keep a SuperNode running: it gives up when the coordinator is not (yet) there."""

@@ -8,15 +8,22 @@ node's key, the SuperLink forgot this node, something listens there that the Sup
 talk to (TLS on one side only). ``lock_state_dir`` keeps a second node off a state
 directory that a running node uses (both would write the same local state).
 
+A SuperLink refuses an unknown key and a key whose previous session it still holds (a node
+restarted within Flower's heartbeat patience) with the same message. A node that joined this
+coordinator with this key before (``<state_dir>/joined.json``) is told the second for
+``REJOIN_PATIENCE_S``, the first only after that.
+
 The messages are Flower 1.4x's (checked on loopback, see tests/e2e/test_flower_faults.py).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 LOCK_FILE = "node.lock"
@@ -27,6 +34,32 @@ UNREACHABLE = "Connection attempt failed"  # nothing accepts connections at the 
 TLS_FAILED = ("CERTIFICATE_VERIFY_FAILED", "SSL/TLS handshake error")
 NOT_REGISTERED = ("Failed to activate SuperNode", "[code: 2004]")
 REFUSED = "401 Unauthorized"  # a SuperLink that does not know this node (e.g. restarted)
+
+
+# How long a SuperLink holds the session of a node that went away: Flower's HEARTBEAT_PATIENCE
+# x HEARTBEAT_DEFAULT_INTERVAL (flwr.common.constant); the node's restart is refused until then.
+SESSION_HELD_S = 2 * 30.0
+REJOIN_PATIENCE_S = 90.0  # then a refusal of a node that joined before means its key is gone
+JOINED_FILE = "joined.json"
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The coordinator this node last joined, and with which key (its fingerprint)."""
+
+    address: str
+    key: str | None  # None: --insecure, no key
+
+    @classmethod
+    def read(cls, state_dir: Path) -> Joined | None:
+        try:
+            record = json.loads((state_dir / JOINED_FILE).read_text())
+            return cls(record["address"], record["key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, state_dir: Path) -> None:
+        (state_dir / JOINED_FILE).write_text(json.dumps(asdict(self)) + "\n")
 
 
 class StateDirBusy(RuntimeError):
@@ -73,13 +106,19 @@ def unlock_state_dir(path: Path) -> None:
         os.close(held[0])
 
 
-def explain(text: str, address: str, ca: Path | None = None) -> str | None:
-    """The one-line cause of a SuperNode failure in its log ``text``, or None if unknown."""
+def explain(text: str, address: str, ca: Path | None = None, rejoining: bool = False) -> str | None:
+    """The one-line cause of a SuperNode failure in its log ``text``, or None if unknown.
+    ``rejoining``: this node joined this coordinator with this key before, lately."""
     if any(marker in text for marker in TLS_FAILED):
         given = f" (--root-certificates {ca})" if ca is not None else ""
         return (
             f"TLS verification failed: the CA does not match{given}: the certificate of "
             f"{address} is not signed by it; use the ca.pem of this federation's coordinator"
+        )
+    if any(marker in text for marker in NOT_REGISTERED) and rejoining:
+        return (
+            f"the coordinator at {address} does not let this node in yet (it still holds this "
+            f"node's previous session; it is released within ~{SESSION_HELD_S:g} s)"
         )
     if any(marker in text for marker in NOT_REGISTERED):
         return (
@@ -105,15 +144,26 @@ class SupernodeWatch:
     site: str
     address: str
     ca: Path | None = None
+    state_dir: Path | None = None  # where the joined record is kept (None: nowhere)
+    key: str | None = None  # the fingerprint of the node's key (None: --insecure)
     said: str | None = None  # the last cause reported (reported again only if it changes)
+    refused_since: float | None = None  # the first refused activation since it last joined
+    ended: bool = False  # the coordinator said its run ended: it is expected to go away
     _seen: str = field(default="", repr=False)
+
+    def heard(self, kind: str) -> None:
+        """The coordinator sent a request of ``kind``: after ``end`` (its run ended) losing it
+        is no fault and nothing is said; after any other request it is one again."""
+        self.ended = kind == "end"
 
     def feed(self, text: str) -> list[str]:
         """The log of the current SuperNode so far (from its start): lines to print now."""
         new, self._seen = text[len(self._seen) :], text
         if CONNECTED in new:
             joined = self.said is not None
-            self.said = None
+            self.said, self.ended, self.refused_since = None, False, None
+            if self.state_dir is not None:
+                Joined(self.address, self.key).write(self.state_dir)
             if joined:
                 return [f"{self.site}: connected to the coordinator at {self.address}"]
             return []
@@ -128,8 +178,8 @@ class SupernodeWatch:
             )
         if cause == self.said:
             return []
-        self.said = cause
-        return [f"{self.site}: {cause}; retrying"]
+        self.said = cause  # after the end of a run, kept to say when the node connects again
+        return [] if self.ended else [f"{self.site}: {cause}; retrying"]
 
     def listening(self) -> bool:
         """Whether anything accepts a TCP connection at the address now."""
@@ -142,7 +192,7 @@ class SupernodeWatch:
 
     def exited(self, returncode: int | None, log_path: Path) -> str:
         """The line for a SuperNode that exited (it is restarted after it)."""
-        cause = explain(self._seen, self.address, self.ca)
+        cause = explain(self._seen, self.address, self.ca, self._rejoining())
         self._seen = ""
         if cause is None:
             return (
@@ -151,4 +201,18 @@ class SupernodeWatch:
         if cause == self.said:  # said already at its previous exit: one line, not one per try
             return ""
         self.said = cause
+        if self.ended and cause == explain(REFUSED, self.address):  # the next run's SuperLink
+            return ""  # is a new one: expected after the end of a run; "connected" follows
         return f"{self.site}: {cause}; retrying"
+
+    def _rejoining(self) -> bool:
+        """Whether a refused activation may be the coordinator still holding this node's
+        previous session: it joined there with this key, refused for under REJOIN_PATIENCE_S."""
+        refused = any(marker in self._seen for marker in NOT_REGISTERED)
+        if not refused or self.state_dir is None:
+            return False
+        if Joined.read(self.state_dir) != Joined(self.address, self.key):
+            return False
+        if self.refused_since is None:
+            self.refused_since = time.monotonic()
+        return time.monotonic() - self.refused_since < REJOIN_PATIENCE_S

@@ -1,18 +1,20 @@
 """Flower's processes as the launcher handles them: their environment, waiting for a port,
-following a log, and stopping a process with every descendant (SIGTERM, then SIGKILL; children
-die with their parent).
+following a log and relaying a child's output as plain text, and stopping a process with every
+descendant (SIGTERM, then SIGKILL; children die with their parent).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from fed_auc.transport.flower.node_watch import (
@@ -23,6 +25,9 @@ from fed_auc.transport.flower.node_watch import (
 PROGRESS_POLL_S = 0.2  # how often the coordinator prints new progress lines
 STUCK_AFTER_S = 20.0  # a refused SuperNode still running after this is killed
 STOP_GRACE_S = 15.0  # how long the coordinator's processes get to stop before SIGKILL
+# A terminal escape sequence (CSI, e.g. ``ESC[92m``, or a two-byte one): Flower colours its
+# level names even when its output goes to a pipe.
+ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 
 
 def flower_env(home: Path) -> dict[str, str]:
@@ -169,6 +174,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def plain(line: str) -> str:
+    """``line`` without terminal escape sequences: in a log file or a console that is not a
+    terminal, Flower's colours read as ``[92mINFO [0m``."""
+    return ESCAPE.sub("", line)
+
+
+def relay(lines: Iterable[str], echo) -> None:
+    """Echo a child's output lines, one at a time as they come, as plain text."""
+    for line in lines:
+        echo(plain(line.rstrip()))
+
+
 def follow_log(path: Path, echo, done: threading.Event, select=None, start: int = 0) -> None:
     """Echo the lines appended to ``path`` from ``start`` as they come, until ``done`` (then
     the rest); ``select(line)``: what to echo for a line (None: nothing), else the line."""
@@ -177,7 +194,7 @@ def follow_log(path: Path, echo, done: threading.Event, select=None, start: int 
         while True:
             finished = done.is_set()
             for line in lines:
-                shown = line.rstrip() if select is None else select(line)
+                shown = plain(line.rstrip()) if select is None else select(line)
                 if shown is not None:
                     echo(shown)
             if finished:

@@ -30,6 +30,7 @@ from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import backoff
+from fed_auc.transport.flower.coordinator_watch import end_with_coordinator
 from fed_auc.transport.flower.identity import SiteIdentities
 from fed_auc.transport.flower.transport import FlowerTransport
 
@@ -131,6 +132,7 @@ def run_experiment(
         summary["evaluation"] = evaluate_export(
             everyone, config.runs_dir, run_id, summary["model_path"], "flower"
         )
+    everyone.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary
 
 
@@ -200,6 +202,7 @@ def main(grid: Grid, context: Context) -> None:
     backoff.shorten()  # replies are pulled as soon as the nodes have pushed them
     path = Path(str(context.run_config["experiment-file"]))
     experiment = json.loads(path.read_text())
+    end_with_coordinator(experiment)  # a SIGKILLed coordinator leaves no ServerApp running
     run = run_leave_each_out if experiment.get("leave_each_out") else run_experiment
     if "evaluation" in experiment:  # an evaluation-only run (fed-auc evaluate --federation)
         from fed_auc.transport.flower.evaluation import run_evaluation as run

@@ -34,6 +34,8 @@ from fed_auc.transport.flower.identity import SiteIdentities
 # How often the ServerApp asks the SuperLink for replies. Flower's ``send_and_receive``
 # sleeps 3 s between pulls, which adds up to seconds per request on a tiny model.
 PULL_INTERVAL_S = 0.05
+# How long the nodes get to acknowledge the end of a run (a small message, answered at once).
+END_TIMEOUT_S = 10.0
 # The longest a pull may take once the deadline has come: enough to fetch a reply that was
 # complete at the SuperLink by then (a DenseNet121 reply is ~28 MB of float32 weights).
 LAST_PULL_S = 5.0
@@ -162,6 +164,23 @@ class FlowerTransport:
             s: a if isinstance(a, NodeFailure) else _decode(s, lambda frame: frame[0]["report"], a)
             for s, a in answers.items()
         }
+
+    def end(self, status: str) -> None:
+        """Tell every connected node that the run ended (``status``: ``completed``): each
+        says so, and the coordinator going away next is no fault to it. A node that does not
+        acknowledge within ``END_TIMEOUT_S`` is not waited for; the run's result stands
+        whatever happens to these messages."""
+        header = {"kind": "end", "run_id": self.setup["run_id"], "status": status}
+        nodes = [n for site, n in self.node_of.items() if site not in self.away_since]
+        messages = [
+            Message(frame_content(header, []), dst_node_id=n, message_type="query",
+                    ttl=END_TIMEOUT_S)
+            for n in nodes
+        ]  # fmt: skip
+        try:
+            self._exchange(messages, END_TIMEOUT_S)
+        except Exception as exc:  # e.g. the SuperLink stopping: the nodes learn it otherwise
+            self.log(f"the nodes were not told that the run ended: {type(exc).__name__}: {exc}")
 
     # -- messaging ------------------------------------------------------------------------
     def _ask(

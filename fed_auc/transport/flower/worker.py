@@ -36,12 +36,17 @@ log = logging.getLogger("fed_auc.node.node")
 
 
 class NodeWorker:
-    """Answers register / train / evaluate frames with one warm ``Node`` per federated run."""
+    """Answers register / train / evaluate frames with one warm ``Node`` per federated run,
+    and the coordinator's word that a run ended."""
 
-    def __init__(self, site: SiteDefinition, echo=lambda line: None) -> None:
-        """``echo``: where one line per request handled goes (``fed-auc node`` prints it)."""
+    def __init__(
+        self, site: SiteDefinition, echo=lambda line: None, on_request=lambda kind: None
+    ) -> None:
+        """``echo``: where one line per request handled goes (``fed-auc node`` prints it);
+        ``on_request(kind)``: told of each request, ``end`` when the coordinator's run ended."""
         self.site = site
         self.echo = echo
+        self.on_request = on_request
         self.host = NodeHost(site.hosting(), echo=echo)
         self._setup: NodeSetup | None = None
         self._data: tuple[tuple, SiteData] | None = None  # (NodeSetup.data_key, images)
@@ -62,6 +67,12 @@ class NodeWorker:
 
     def _answer(self, header: dict[str, Any], buffers: list[bytes]) -> Frame:
         kind = header["kind"]
+        self.on_request(kind)
+        if kind == "end":  # the run is over; the node stays up for the next one
+            run, status = header["run_id"], header["status"]
+            self.echo(f"{self.site.name}: run {run} {status} at the coordinator; this node "
+                      "waits for the next run (Ctrl-C stops it)")  # fmt: skip
+            return {"site": self.site.name}, []
         if kind == "report":  # an evaluation job: the site's data, no training node needed
             return self._report(header, buffers), []
         self._serve(header["setup"])
