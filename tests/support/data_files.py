@@ -109,3 +109,18 @@ def write_dicom(
         ds.WindowCenter, ds.WindowWidth = window
     path.parent.mkdir(parents=True, exist_ok=True)
     ds.save_as(path, enforce_file_format=True)
+
+
+def breast_site_files(tmp_path: Path) -> list[Path]:
+    """A BreastMNIST-named npz (label 0 = malignant) split into three site files by the
+    walkthrough's script (hospitals/examples/split_medmnist.py) with its defaults: the site
+    files make malignancy the positive class."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "hospitals" / "examples" / "split_medmnist.py"
+    spec = importlib.util.spec_from_file_location("split_medmnist", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = write_npz(tmp_path / "breastmnist.npz", n=(60, 24, 30))
+    assert module.main([str(source), "--out", str(tmp_path / "sites"), "--sites", "3"]) == 0
+    return [tmp_path / "sites" / f"{name}.toml" for name in ("north", "south", "east")]

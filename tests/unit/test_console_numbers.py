@@ -5,7 +5,6 @@ estimates the time left from the recent rounds."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
@@ -16,24 +15,10 @@ import pytest
 from fed_auc.cli import main
 from fed_auc.store.records import RoundRecord
 from tests.support import dashboard_store
-from tests.support.paths import ROOT
+from tests.support.data_files import breast_site_files
 
 MALIGNANT = "positive class malignant"
 TINY = {"model": "tiny", "image_size": 16, "local_steps": 2, "batch_size": 8, "lr": 0.01}
-
-
-def _breast_sites(tmp_path: Path) -> list[Path]:
-    """A BreastMNIST-named npz (label 0 = malignant) split into three site files by the
-    walkthrough's script: their positive class is malignant."""
-    from tests.support.data_files import write_npz
-
-    script = ROOT / "hospitals" / "examples" / "split_medmnist.py"
-    spec = importlib.util.spec_from_file_location("split_medmnist", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    source = write_npz(tmp_path / "breastmnist.npz", n=(60, 24, 30))
-    assert module.main([str(source), "--out", str(tmp_path / "sites"), "--sites", "3"]) == 0
-    return [tmp_path / "sites" / f"{name}.toml" for name in ("north", "south", "east")]
 
 
 def _auc_lines(text: str) -> list[str]:
@@ -43,7 +28,7 @@ def _auc_lines(text: str) -> list[str]:
 def test_simulate_evaluate_and_runs_name_the_positive_class_and_the_exported_worst_site(
     tmp_path, capsys
 ):
-    files = _breast_sites(tmp_path)
+    files = breast_site_files(tmp_path)
     runs, sites = tmp_path / "runs", [x for f in files for x in ("--site", str(f))]
     options = ["--model", "tiny", "--image-size", "16", "--local-steps", "2", "--batch-size",
                "8", "--lr", "0.01", "--rounds", "2", "--select", "best_val"]  # fmt: skip
@@ -91,7 +76,7 @@ def test_the_coordinator_and_node_consoles_name_the_positive_class(tmp_path):
     from fed_auc.transport.flower.worker import NodeWorker
     from tests.support.flower_like import FlowerLikeTransport
 
-    files = _breast_sites(tmp_path)
+    files = breast_site_files(tmp_path)
     coordinator: list[str] = []
     nodes: list[str] = []
     workers = {}

@@ -11,7 +11,7 @@ import pytest
 
 from fed_auc.cli import main
 from tests.support import dashboard_store
-from tests.support.paths import ROOT
+from tests.support.data_files import breast_site_files
 
 
 def test_runs_prints_the_exported_auc_with_its_round_and_the_last_round(tmp_path, capsys):
@@ -55,22 +55,6 @@ def test_the_simulate_summary_line_leads_with_the_exported_model():
 
 
 # -- the positive class, by name -------------------------------------------------------------
-def _breast_sites(tmp_path):
-    """A BreastMNIST-named npz (label 0 = malignant) split into three sites by the walkthrough's
-    script, with its defaults: the site files make malignancy the positive class."""
-    import importlib.util
-
-    from tests.support.data_files import write_npz
-
-    script = ROOT / "hospitals" / "examples" / "split_medmnist.py"
-    spec = importlib.util.spec_from_file_location("split_medmnist", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    source = write_npz(tmp_path / "breastmnist.npz", n=(60, 24, 30))
-    assert module.main([str(source), "--out", str(tmp_path / "sites"), "--sites", "3"]) == 0
-    return [tmp_path / "sites" / f"{name}.toml" for name in ("north", "south", "east")]
-
-
 def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard(
     tmp_path, monkeypatch, capsys
 ):
@@ -80,7 +64,7 @@ def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard
     from fed_auc.site import SiteDefinition
     from tests.support.apptest import open_page, texts
 
-    files = _breast_sites(tmp_path)
+    files = breast_site_files(tmp_path)
     site = SiteDefinition.from_toml(files[0])
     assert site.data["positive_label"] == 0 and site.data["positive_class"] == "malignant"
     data = site.load(image_size=16)
@@ -214,7 +198,7 @@ def test_an_evaluation_job_records_the_data_it_scored(tmp_path, capsys):
     from fed_auc.simulation import run_simulation
     from fed_auc.store.run_store import RunStore
 
-    files = _breast_sites(tmp_path)
+    files = breast_site_files(tmp_path)
     runs = tmp_path / "runs"
     summary = run_simulation(
         ExperimentConfig(
