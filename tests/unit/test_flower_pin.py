@@ -27,7 +27,7 @@ from tests.support.paths import ROOT
 
 pytest.importorskip("flwr")
 
-PUBLIC = ("flwr", "flwr.app", "flwr.clientapp", "flwr.serverapp")  # Flower's documented API
+PUBLIC = ("flwr.app", "flwr.clientapp", "flwr.serverapp")  # Flower's documented API
 FLOWER = "fed_auc/transport/flower"
 PATCHES = "patches"  # what fed-auc does with the object, in the failure message
 COPIES = "follows the steps of"
@@ -47,7 +47,7 @@ INTERNALS: dict[tuple[str, str], tuple[str, str, str]] = {
     ("flwr.supercore.inflatable", "inflatable_utils.pull_and_inflate_object_from_tree"):
         (f"{FLOWER}/backoff.py", PATCHES, "139811483a15"),
     ("flwr.supercore", "constant.PULL_MAX_TIME"):
-        (f"{FLOWER}/backoff.py", PATCHES, "3c5d8ca315f8"),
+        (f"{FLOWER}/backoff.py", IMPORTS, "3c5d8ca315f8"),
     # The warm executor runs a ClientApp task as ``flwr-clientapp`` does, with its pieces.
     ("flwr.supernode.runtime.run_clientapp", "run_clientapp"):
         (f"{FLOWER}/executor.py", COPIES, "6ce09559f3a2"),
@@ -159,6 +159,7 @@ def test_flower_is_pinned_to_one_exact_version_everywhere():
 def test_every_internal_flower_import_is_recorded():
     """A new import of Flower's internals is added to ``INTERNALS``, with its fingerprint."""
     covered = {(module, path.split(".")[0]) for module, path in INTERNALS}
+    covered.add(("flwr", ""))  # a bare ``import flwr``: is the Flower extra installed?
     unrecorded = {
         f"{module}.{name}": sorted(files)
         for (module, name), files in _flower_imports().items()
