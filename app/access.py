@@ -36,16 +36,7 @@ ALLOWED_HOSTS_ENV = "FED_AUC_ALLOWED_HOSTS"  # set by ``fed-auc dashboard``: nam
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # a rebinding page never has these names
 DEFAULT_SESSION_HOURS = 12  # a sign-in older than this is renewed (Streamlit keeps 30 days)
 ROLES: tuple[Role, ...] = ("clinician", "operator")  # ascending: an operator sees more
-# Page keys (the file names under app/views/) each role opens. A clinician reads the exported
-# model and its per-site figures; events, participation, heterogeneity signals and run
-# comparisons are for the people who run the federation.
-PAGES: dict[Role, frozenset[str]] = {
-    "clinician": frozenset({"overview", "sites", "roc", "operating_point", "evaluations"}),
-    "operator": frozenset(
-        {"overview", "sites", "heterogeneity", "participation", "compare", "roc",
-         "operating_point", "evaluations"}
-    ),
-}  # fmt: skip
+# The pages each role opens: app/pages.py.
 
 
 class AccessFileError(ValueError):

@@ -30,10 +30,10 @@ from app.access import (
     is_loopback,
     lineage,
 )
+from app.pages import DEFAULT_PAGE
 
 ACCESS_FILE_ENV = "FED_AUC_ACCESS_FILE"
 INSECURE_PUBLIC_ENV = "FED_AUC_INSECURE_PUBLIC"  # set by ``fed-auc dashboard --insecure-public``
-DEFAULT_PAGE = "overview"
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _requested_page() -> str:
     """The page in the address bar (``/roc`` → roc), for the audit log."""
     url = st.context.url
     path = urlparse(url).path.strip("/") if url else ""
-    return path.rsplit("/", 1)[-1] or DEFAULT_PAGE
+    return path.rsplit("/", 1)[-1] or DEFAULT_PAGE.key
 
 
 def current() -> Viewer | None:

@@ -250,12 +250,10 @@ def run_data(runs_dir: str | Path, run_id: str) -> RunData:
     plain = ", ".join(c for c in columns if c != "metrics")
     site_rounds = _frame(
         runs_dir,
-        f"SELECT {plain}, json_remove(metrics, '$.roc') AS metrics,"
-        " json_type(metrics, '$.roc[0].thresholds') IS NOT NULL AS has_roc"
+        f"SELECT {plain}, json_remove(metrics, '$.roc') AS metrics"
         " FROM site_rounds WHERE run_id = ? ORDER BY round, site",
         (run_id,),
     )  # ROC points are most of the bytes: read per round, when a page draws them (roc_points)
-    site_rounds["has_roc"] = site_rounds["has_roc"].astype(bool)
     for column in _JSON_COLUMNS:
         site_rounds[column] = site_rounds[column].map(_loads)
     sites = _frame(runs_dir, "SELECT * FROM sites WHERE run_id = ? ORDER BY site", (run_id,))

@@ -14,12 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.launch import start_dashboard, stop
+from app.pages import ROUND_PAGES
 
 CHROMIUM = "/usr/bin/chromium"
-PAGES = (
-    "Overview", "Sites", "Heterogeneity", "Participation", "Compare", "ROC", "Operating point"
-)  # fmt: skip
-TITLES = {"Compare": "Compare runs"}
+PAGES = tuple(p.title for p in ROUND_PAGES)  # navigation labels: a training run's pages
+HEADINGS = {p.title: p.shown_heading for p in ROUND_PAGES}
 TIMEOUT_MS = 60_000
 
 
@@ -63,7 +62,7 @@ def capture(
         for name in pages:
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.get_by_role("link", name=name, exact=True).click()
-            page.get_by_role("heading", name=TITLES.get(name, name)).wait_for()
+            page.get_by_role("heading", name=HEADINGS[name]).wait_for()
             if name == "ROC" and threshold_steps:
                 wait_until_idle(page)
                 heading = page.get_by_role("heading", name="At threshold")

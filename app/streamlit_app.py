@@ -16,21 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import streamlit as st  # noqa: E402
 
 from app import common, gate  # noqa: E402
-from app.access import PAGES as ROLE_PAGES  # noqa: E402
+from app.pages import DEFAULT_PAGE, pages_of  # noqa: E402
 
 st.set_page_config(page_title="fed-auc dashboard", layout="wide")
 viewer = gate.admit()
-PAGES = {
-    "overview": st.Page("views/overview.py", title="Overview", default=True),
-    "sites": st.Page("views/sites.py", title="Sites"),
-    "heterogeneity": st.Page("views/heterogeneity.py", title="Heterogeneity"),
-    "participation": st.Page("views/participation.py", title="Participation"),
-    "compare": st.Page("views/compare.py", title="Compare"),
-    "roc": st.Page("views/roc.py", title="ROC"),
-    "operating_point": st.Page("views/operating_point.py", title="Operating point"),
-    "evaluations": st.Page("views/evaluations.py", title="Evaluations"),
+allowed = {
+    p.key: st.Page(p.file, title=p.title, default=p == DEFAULT_PAGE) for p in pages_of(viewer.role)
 }
-allowed = {key: p for key, p in PAGES.items() if key in ROLE_PAGES[viewer.role]}
 page = st.navigation(list(allowed.values()))
 page_key = next(k for k, p in allowed.items() if p == page)
 gate.record_sign_in(viewer, page_key)

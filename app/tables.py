@@ -181,12 +181,6 @@ def bytes_per_round(data: RunData) -> pd.DataFrame:
     return frame.melt("round", var_name="direction", value_name="MB")
 
 
-def roc_round(data: RunData) -> int | None:
-    """The latest round whose site rows carry ROC points."""
-    rows = data.site_rounds
-    return int(rows.loc[rows["has_roc"], "round"].max()) if rows["has_roc"].any() else None
-
-
 def roc_curves(rocs: dict[str, list[dict[str, Any]]], label: int) -> dict[str, dict[str, Any]]:
     """Per site, the stored ROC points of one label (from ``queries.roc_points``)."""
     return {site: roc[label] for site, roc in rocs.items() if label < len(roc)}

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from app.pages import ROUND_PAGES
 from benchmarks.common.fragment import emit, provenance
 from benchmarks.common.paths import ROOT
 
-PAGES = ("overview", "sites", "heterogeneity", "participation", "compare", "roc",
-         "operating_point")  # fmt: skip
+PAGES = tuple(p.key for p in ROUND_PAGES)  # the pages that draw a big run's rounds
 TARGET_S = 2.0
 TEST_N = 60
 THRESHOLD = 0.4137

@@ -155,11 +155,11 @@ def node(args: argparse.Namespace) -> int:
         check_site_data(site, data)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"fed-auc node: {exc}") from None
-    from fed_auc.data.cards import card_warnings, data_card, render_card
+    from fed_auc.data.cards import card_warnings, data_card, render_data_card
 
     warnings = card_warnings(data)
     if args.check:
-        print(render_card(data_card(data)))
+        print(render_data_card(data_card(data)))
     for line in warnings:
         print(f"fed-auc node: warning: {args.site}: {line}", file=sys.stderr)
     if warnings and getattr(args, "strict", False):

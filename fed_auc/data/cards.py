@@ -128,7 +128,7 @@ def intensity(pixels: Images) -> dict[str, float]:
     }
 
 
-def render_card(card: dict[str, Any]) -> str:
+def render_data_card(card: dict[str, Any]) -> str:
     """The card as Markdown."""
     lines = [
         f"# Data card — {card['site']}",
@@ -174,7 +174,7 @@ def write_cards(sites: list[SiteData], out_dir: str | Path) -> list[Path]:
         card = data_card(site)
         save_json(card, out_dir / f"{site.name}.json")
         paths.append(out_dir / f"{site.name}.md")
-        save_text(render_card(card), paths[-1])
+        save_text(render_data_card(card), paths[-1])
     return paths
 
 
@@ -229,7 +229,6 @@ def data_record(cards: list[dict[str, Any]], site_files: bool) -> dict[str, Any]
 
 
 SITE_FILES = "site files"  # the recorded ``data`` of a run whose sites are site files
-RECORD_ONLY = ("site_data",)  # recorded config keys that are no experiment option
 
 
 def site_summary(site: SiteData) -> dict[str, Any]:

@@ -31,7 +31,6 @@ from fed_auc.store.run_store import RunStore
 from fed_auc.tta import check_tta
 
 SPLITS = ("test", "val")
-REPORT = "report"  # the request kind
 POOLED_BINS = "bins"  # how a pooled entry was made: the sites' summed score counts (a job)
 POOLED_SCORES = "scores"  # the sites' scores pooled where they were scored (local evaluate)
 

@@ -16,7 +16,7 @@ from fed_auc.data.partition import PARTITION_FILE
 from fed_auc.store.records import as_float, as_int
 
 
-def render_card(card: dict[str, Any]) -> str:
+def render_model_card(card: dict[str, Any]) -> str:
     """The model card as Markdown for people."""
     lines = [
         f"# Model card — run {card['run_id']}",

@@ -13,7 +13,7 @@ from typing import Any
 
 from fed_auc.exchange import MODEL_FORMAT
 from fed_auc.io import save_json, save_text, save_torch
-from fed_auc.registry.card import render_card
+from fed_auc.registry.card import render_model_card
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors
 
 
@@ -47,7 +47,7 @@ def export_model(
         path,
     )
     save_json(card, out_dir / "model_card.json")
-    save_text(render_card(card), out_dir / "MODEL_CARD.md")
+    save_text(render_model_card(card), out_dir / "MODEL_CARD.md")
     return path
 
 

@@ -15,9 +15,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import queries
+from app.pages import ROUND_PAGES
 from fed_auc.metrics.roc import operating_point
 from fed_auc.store.run_store import RunStore
-from tests.support.apptest import PAGES, metrics, open_page, texts
+from tests.support.apptest import metrics, open_page, texts
 from tests.support.dashboard_store import EXPORTED_ROUND, SITES, THRESHOLD, fill, split_of
 
 
@@ -206,10 +207,10 @@ def test_roc_last_round_view_starts_at_the_cards_threshold(monkeypatch, store_di
 
 def visit_every_page(at: AppTest):
     """Switch through all pages of one AppTest session, yielding after each."""
-    for page in PAGES:
-        at.switch_page(f"views/{page}.py").run()
-        assert not at.exception, (page, [e.value for e in at.exception])
-        yield page
+    for page in ROUND_PAGES:
+        at.switch_page(page.file).run()
+        assert not at.exception, (page.key, [e.value for e in at.exception])
+        yield page.key
 
 
 def test_every_page_renders_a_one_round_run(monkeypatch, store_dir):

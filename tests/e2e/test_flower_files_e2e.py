@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.pages import ROUND_PAGES
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.processes import free_port
-from tests.support.apptest import PAGES, open_page
+from tests.support.apptest import open_page
 from tests.support.data_files import write_npz
 from tests.support.flower_files import (
     _coordinator,
@@ -144,12 +145,12 @@ def test_three_hospitals_on_their_own_files_equal_simulate_on_the_same_site_file
     assert recorded["warmup_head"] == "recenter"
     assert recorded["backend_options"]["dual_lr"] == "prevalence"
     # Every dashboard page shows the deployed run as it shows the simulated one.
-    for page in PAGES:
+    for page in ROUND_PAGES:
         shown = {}
         for name, run in (("flower", summary["run_id"]), ("sim", expected["run_id"])):
-            at = open_page(monkeypatch, root / name, page, run)
+            at = open_page(monkeypatch, root / name, page.key, run)
             shown[name] = (len(at.get("vega_lite_chart")), len(at.info), len(at.metric))
-        assert shown["flower"] == shown["sim"], page
+        assert shown["flower"] == shown["sim"], page.key
     roc = open_page(monkeypatch, root / "flower", "roc", summary["run_id"])
     assert "stores no ROC points" not in " ".join(str(i.value) for i in roc.info)
 

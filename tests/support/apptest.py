@@ -10,14 +10,10 @@ from streamlit import config
 from streamlit.testing.v1 import AppTest
 
 from app.common import RUNS_DIR_ENV
+from app.pages import DEFAULT_PAGE
 from tests.support.paths import ROOT
 
 APP = str(ROOT / "app" / "streamlit_app.py")
-
-
-PAGES = (
-    "overview", "sites", "heterogeneity", "participation", "compare", "roc", "operating_point"
-)  # fmt: skip
 
 
 @contextmanager
@@ -37,7 +33,7 @@ def open_page(monkeypatch, runs_dir, page: str, run_id: str | None = None) -> Ap
     at = AppTest.from_file(APP, default_timeout=60).run()
     if run_id is not None:
         at.sidebar.selectbox(key="run_id").select(run_id).run()
-    if page != "overview":
+    if page != DEFAULT_PAGE.key:
         at.switch_page(f"views/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at

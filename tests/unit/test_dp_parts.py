@@ -13,7 +13,7 @@ from torch import nn
 from fed_auc.data.base import Split
 from fed_auc.data.poisson import PoissonBatches, class_rates
 from fed_auc.models import ARCHITECTURES, build_model, group_count, model_from_config
-from fed_auc.registry.card import render_card
+from fed_auc.registry.card import render_model_card
 from fed_auc.store.records import RoundRecord, SiteRound
 from fed_auc.store.run_store import SCHEMA, RunStore
 
@@ -123,7 +123,7 @@ def test_the_model_card_lists_each_sites_epsilon():
             "sites": {"north": {"epsilon_exported": 1.25, "epsilon_run": 2.9}},
         },
     }  # fmt: skip
-    text = render_card(card)
+    text = render_model_card(card)
     assert "## Privacy (example-level DP-SGD)" in text
     assert "| north | 1.250 | 2.900 |" in text and "target ε 3.0" in text
     assert "ε protects one training example" in text

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from fed_auc.cli import main
-from fed_auc.data.cards import data_card, render_card
+from fed_auc.data.cards import data_card, render_data_card
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.images import apply_window, read_image
 from fed_auc.data.memmap import gather
@@ -107,7 +107,7 @@ def test_non_square_images_are_padded_by_default_or_cropped_and_the_card_says_so
         card = _card(load_csv_images(tmp_path / "d.csv", image_size=8, aspect=aspect))
         assert card["images"]["policy"]["aspect"] == aspect
         assert card["images"]["counts"]["non-square"] == 4
-        assert f"- Non-square: {aspect}" in render_card(card)
+        assert f"- Non-square: {aspect}" in render_data_card(card)
     with pytest.raises(ValueError, match="aspect = 'squash'"):
         load_csv_images(tmp_path / "d.csv", image_size=8, aspect="squash")
 
@@ -161,7 +161,8 @@ def test_constant_and_saturated_images_warn_by_name_and_strict_refuses(tmp_path,
     constant, saturated = card["warnings"]
     assert constant.startswith("1 of 14 constant image(s)") and "flat.png (line 14)" in constant
     assert saturated.startswith("1 of 14 saturated image(s)") and "white.png (line 15)" in saturated
-    assert "## Warnings" in render_card(card) and "flat.png (line 14)" in render_card(card)
+    markdown = render_data_card(card)
+    assert "## Warnings" in markdown and "flat.png (line 14)" in markdown
     assert main(["node", "--site", str(site), "--image-size", "8", "--check"]) == 0
     out, err = capsys.readouterr()
     assert "is ready with 2 warning(s)" in out and "## Warnings" in out

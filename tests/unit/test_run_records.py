@@ -58,7 +58,7 @@ def test_the_simulate_summary_line_leads_with_the_exported_model():
 def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard(
     tmp_path, monkeypatch, capsys
 ):
-    from fed_auc.data.cards import render_card, write_cards
+    from fed_auc.data.cards import render_data_card, write_cards
     from fed_auc.experiment.config import ExperimentConfig
     from fed_auc.simulation import run_simulation
     from fed_auc.site import SiteDefinition
@@ -71,7 +71,7 @@ def test_the_positive_class_is_named_in_cards_evaluation_files_and_the_dashboard
     (md,) = write_cards([data], tmp_path / "cards")
     card = json.loads(md.with_suffix(".json").read_text())
     assert card["positive_class"] == ["malignant"]
-    assert "Positive class: malignant" in md.read_text() == render_card(card)
+    assert "Positive class: malignant" in md.read_text() == render_data_card(card)
 
     runs = tmp_path / "runs"
     summary = run_simulation(

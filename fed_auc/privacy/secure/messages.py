@@ -17,7 +17,6 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-STEPS = ("advertise", "reveal", "share", "unmask")  # mask travels in the train request
 CONFIG_KEY = "secure_aggregation"  # the train request's config entry
 
 

@@ -4,7 +4,7 @@ A Flower message travels as a small head plus objects (its arrays, in 5 MiB chun
 the receiver is told of the message before the sender has finished pushing its objects:
 the SuperNode pulls from the SuperLink while the ServerApp is still pushing, the node's
 ClientApp task pulls from the SuperNode while the SuperNode is still pulling, and the
-ServerApp pulls a reply while the node is still pushing it. Flower 1.41 answers "not yet"
+ServerApp pulls a reply while the node is still pushing it. Flower 1.42 answers "not yet"
 with a wait of 1 s, then 2, 4, … up to 10 s (``flwr.supercore.constant.PULL_*``), though
 the objects are there a few tenths of a second later: on a DenseNet121 round (3 sites,
 benchmarks/systems/flower_overhead.py) shorter waits took the transport overhead from 9.7 to ~6 s.

@@ -1,12 +1,12 @@
 """``flower-supernode`` with a short idle poll: ``python -m fed_auc.transport.flower.supernode``.
 
-Flower 1.41's SuperNode sleeps 3 s whenever the SuperLink has no message for it, and 0.5 s
+Flower 1.42's SuperNode sleeps 3 s whenever the SuperLink has no message for it, and 0.5 s
 between checks for its ClientApp's reply (both hard-coded in
 ``flwr.supernode.start_client_internal``). A round sends each node a training and an
 evaluation message, each usually arriving while the node sleeps: up to 6 s per round of
 waiting for nothing. This entry point caps those sleeps at ``POLL_S``, shortens the waits
 between object pulls (``flower.backoff``) and is otherwise Flower's own ``flower-supernode``,
-with the same arguments.
+with the same arguments. Written against the pinned Flower (tests/unit/test_flower_pin.py).
 """
 
 from __future__ import annotations
