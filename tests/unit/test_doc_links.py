@@ -76,6 +76,9 @@ def test_every_relative_link_points_at_an_existing_file_and_heading(document):
 
 
 def test_the_anchor_rule_is_githubs():
-    assert _slug("Secure aggregation (`--secure-aggregation`)") == "secure-aggregation---secure-aggregation"
-    assert _slug("What a node promises, against whom") == "what-a-node-promises-against-whom"
-    assert _slug("The site's policy (`[policy]`) and approval") == "the-sites-policy-policy-and-approval"
+    cases = {
+        "Secure aggregation (`--secure-aggregation`)": "secure-aggregation---secure-aggregation",
+        "What a node promises, against whom": "what-a-node-promises-against-whom",
+        "The site's policy (`[policy]`) and approval": "the-sites-policy-policy-and-approval",
+    }
+    assert {heading: _slug(heading) for heading in cases} == cases
