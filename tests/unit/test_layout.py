@@ -112,7 +112,7 @@ def test_one_name_rule_for_site_files_synthetic_profiles_and_registered_models(t
 
 
 def _readme_layout() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "developer.md").read_text()
     section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```\n(.*?)```", section, re.S).group(1)
 
