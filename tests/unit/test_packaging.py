@@ -31,8 +31,11 @@ def test_every_torch_install_the_docs_give_is_the_pinned_version():
     the Dockerfile install that same version, so the later `-c constraints.txt` keeps it."""
     pinned = re.findall(r"^torch==(\S+)", (ROOT / "constraints.txt").read_text(), re.M)
     assert len(pinned) == 1
-    names = ("README.md", "hospitals/README.md", "Dockerfile")
+    docs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+    names = ("README.md", "hospitals/README.md", "Dockerfile", *docs)
     texts = [(ROOT / name).read_text() for name in names]
+    every = [v for text in texts for v in re.findall(r"torch==(\d[\w.+]*\w)", text)]
+    assert set(every) == set(pinned), every  # no doc names another torch
     installs = [v for text in texts for v in re.findall(r"--index-url \S+ torch==(\S+)", text)]
     assert len(installs) >= 3 and set(installs) == set(pinned)
     readme = texts[0]
