@@ -142,14 +142,12 @@ def _mark_stopped(runs_dir: str, run_id: str, why: BaseException) -> None:
     then only the event is added)."""
     reason = "stopped by the operator" if isinstance(why, KeyboardInterrupt) else str(why)
     with RunStore(runs_dir) as store:
-        store.add_event(
+        store.abandon_run(
             run_id,
+            reason,
             f"coordinator stopped: {reason}; continue with "
             f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`",
-            level="error",
         )
-        if store.run(run_id)["status"] == "running":
-            store.finish_run(run_id, "failed", {"error": reason})
 
 
 def _serve(
