@@ -5,13 +5,14 @@ the run's sites, open the run (new or resumed), train, export, close.
 (``fed_auc.transport.flower.server``) are each a short function into ``run_federation``; they
 differ only in the ``Transport`` they hand it. Held-out sites are handled one way
 (``TrainingSites``), the config is turned into the nodes' setup once here, a training run is
-created only by ``new_run`` and a failure is recorded only by ``failure_recorded``.
+created only by ``new_run``, and a failure is recorded the store's one way
+(``RunStore.failure_recorded``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,16 +68,6 @@ def new_run(store: RunStore, algorithm: str, record: dict[str, Any]) -> str:
     return store.create_run(algorithm, record, git_revision())
 
 
-@contextmanager
-def failure_recorded(store: RunStore, run_id: str) -> Iterator[None]:
-    """From here on a failure or a stop (Ctrl-C, SIGTERM) marks the run failed, with why."""
-    try:
-        yield
-    except BaseException as exc:
-        store.fail_run(run_id, exc)
-        raise
-
-
 def run_federation(
     config: ExperimentConfig,
     transport: Transport,
@@ -92,7 +83,7 @@ def run_federation(
     progress = progress or Progress()
     run = open_federation(config, transport, store, run_id, progress=progress, **options)
     config, pooled = run.config, options.get("pooled_scoring", True)
-    with failure_recorded(store, run.run_id):
+    with store.failure_recorded(run.run_id):
         labels = int(run.setup.model_config["num_labels"])
         trained = train(config, run.coordinator, run.run_dir, labels, progress.round, pooled)
     summary = close_run(store, run.run_id, run.run_dir, config, run.coordinator, trained,
@@ -137,7 +128,7 @@ def open_federation(
     progress = progress or Progress()
     held_out = config.hold_out or []
     registrations: dict[str, Registration] | None = None
-    with failure_recorded(store, run_id) if run_id is not None else _nothing():
+    with store.failure_recorded(run_id) if run_id is not None else nullcontext():
         if sites is None:
             registrations = transport.register()
             training = TrainingSites(transport, held_out, registrations).register()
@@ -155,7 +146,7 @@ def open_federation(
     if run_id is None:
         run_id = new_run(store, config.algorithm, recorded)
     progress.started(run_id, config, sites)
-    with failure_recorded(store, run_id):
+    with store.failure_recorded(run_id):
         setup = config.node_setup(run_id, start.model.config(), sites.num_labels, sites.expected)
         if registrations is None:  # in-process: the nodes register under the run's setup
             registrations = transport.use(setup).register()
@@ -166,11 +157,6 @@ def open_federation(
             progress.log(f"run {run_id}: resumed after round {coordinator.committed_round}")
     run_dir = Path(config.runs_dir) / run_id
     return OpenRun(config, coordinator, setup, store, run_id, run_dir, sites, transport)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def sites_of(

@@ -11,7 +11,8 @@ import sqlite3
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,16 @@ class RunStore(EvaluationTables):
                 "UPDATE runs SET status = ?, ended_at = ?, summary = ? WHERE id = ?",
                 (status, time.time(), json.dumps(summary), run_id),
             )
+
+    @contextmanager
+    def failure_recorded(self, run_id: str) -> Iterator[None]:
+        """From here on a failure or a stop (Ctrl-C, SIGTERM) marks the run failed, with why
+        (``fail_run``): how every run, training or evaluation, records its failure."""
+        try:
+            yield
+        except BaseException as exc:
+            self.fail_run(run_id, exc)
+            raise
 
     def fail_run(self, run_id: str, exc: BaseException) -> None:
         """Mark the run failed with why (rounds already recorded stay) and close the store:

@@ -24,7 +24,7 @@ from fed_auc.experiment.files import FlowerSettings
 from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
-from fed_auc.run.frame import Progress, failure_recorded, new_run, run_federation
+from fed_auc.run.frame import Progress, new_run, run_federation
 from fed_auc.run.lifecycle import RunSites
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
@@ -71,7 +71,7 @@ def run_experiment(
         store.add_event(run_id, message, level, site)
         log(message)
 
-    with failure_recorded(store, run_id):
+    with store.failure_recorded(run_id):
         identities = SiteIdentities.for_run(experiment, store.run(run_id)["config"], run_id)
         setup = _registration_setup(config, run_id, settings)
         transport = make_transport(grid, setup, settings, log, event, identities)
