@@ -107,10 +107,10 @@ class InProcessSites:
         self.runs_dir = Path(runs_dir)
         self.summaries = {s.data.name: site_summary(s.data) for s in sites}
         self.current: LocalTransport | None = None
-        self.setup: NodeSetup | None = None
         self.run_dir = self.runs_dir  # the main run's folder, once its setup is used
         self._built: dict[str, tuple[NodeSetup, LocalTransport]] = {}  # folder → its nodes
-        self._registrations: dict[NodeSetup, dict[str, Registration]] = {}
+        self._registered: dict[str, dict[str, Registration]] = {}  # folder → its nodes'
+        self.folder = ""
 
     def use(self, setup: NodeSetup, folder: str = "") -> InProcessSites:
         """The nodes of ``setup``, their state under ``folder`` of the main run's folder (the
@@ -119,16 +119,16 @@ class InProcessSites:
         if built is None or built[0] != setup:
             if folder == "":
                 self.run_dir = self.runs_dir / setup.run_id
-            nodes = _transport(setup, self.hosted, self.run_dir / folder)
-            self._built[folder] = (setup, nodes)
-        self.current = self._built[folder][1]
-        self.setup = setup
+            self._built[folder] = (setup, _transport(setup, self.hosted, self.run_dir / folder))
+            self._registered.pop(folder, None)
+        self.current, self.folder = self._built[folder][1], folder
         return self
 
     def register(self) -> dict[str, Registration]:
-        if self.setup not in self._registrations:
-            self._registrations[self.setup] = self.local.register()
-        return self._registrations[self.setup]
+        """The current nodes' registrations, asked once."""
+        if self.folder not in self._registered:
+            self._registered[self.folder] = self.local.register()
+        return self._registered[self.folder]
 
     @property
     def local(self) -> LocalTransport:
