@@ -37,10 +37,9 @@ from fed_auc.node.compute import Compute
 from fed_auc.node.host import NodeHost
 from fed_auc.node.node import Node
 from fed_auc.node.setup import NodeSetup, SiteHosting, check_batch_size
-from fed_auc.run.frame import OpenRun, Progress, open_federation, run_federation
+from fed_auc.run.frame import OpenRun, Progress, RunSites, open_federation, run_federation
 from fed_auc.run.holdout import check_hold_out
 from fed_auc.run.initial import starting_point
-from fed_auc.run.lifecycle import RunSites
 from fed_auc.site import SiteDefinition, check_site_data, load_site_files
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore, run_to_resume

@@ -13,24 +13,45 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
+from fed_auc.data.labels import federation_positive_class
 from fed_auc.exchange import Registration, Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.node.setup import NodeSetup
 from fed_auc.run.holdout import TrainingSites, evaluate_export
 from fed_auc.run.initial import StartingPoint, load_starting_point, starting_point
-from fed_auc.run.lifecycle import RunSites, close_run, train
+from fed_auc.run.lifecycle import close_run, train
 from fed_auc.run.start import start_coordinator
 from fed_auc.run.warmup import warm_start
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore, git_revision
 from fed_auc.trainable import Trainable
+
+
+@dataclass(frozen=True)
+class RunSites:
+    """What a run knows of its training sites once they are loaded or registered: each
+    one's data card summary, their common number of labels, how many the nodes' setup counts
+    (personalization's default head learning rate), the τ_i their own files set, and what
+    the run records about the data it ran on (``data.cards.data_record``)."""
+
+    cards: dict[str, dict[str, Any]]
+    num_labels: int
+    expected: int
+    fixed_steps: dict[str, int]
+    record: dict[str, Any]
+    label_names: list[str] | None = None  # the sites' common labels, checked against --init
+    data_cards: list[dict[str, Any]] = field(default_factory=list)  # for the model card
+
+    def positive_class(self) -> list[str] | None:
+        """The sites' positive class as their cards name it, checked against --init."""
+        return federation_positive_class(list(self.cards.values()))
 
 
 class Progress:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ import numpy as np
 
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.selection import BestModel, track_best_model
-from fed_auc.data.labels import federation_positive_class
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
@@ -65,26 +64,6 @@ def card_settings(config: ExperimentConfig) -> CardSettings:
         data=str(config.data),
         privacy=privacy,
     )
-
-
-@dataclass(frozen=True)
-class RunSites:
-    """What a run knows of its training sites once they are loaded or registered: each
-    one's data card summary, their common number of labels, how many the nodes' setup counts
-    (personalization's default head learning rate), the τ_i their own files set, and what
-    the run records about the data it ran on (``data.cards.data_record``)."""
-
-    cards: dict[str, dict[str, Any]]
-    num_labels: int
-    expected: int
-    fixed_steps: dict[str, int]
-    record: dict[str, Any]
-    label_names: list[str] | None = None  # the sites' common labels, checked against --init
-    data_cards: list[dict[str, Any]] = field(default_factory=list)  # for the model card
-
-    def positive_class(self) -> list[str] | None:
-        """The sites' positive class as their cards name it, checked against --init."""
-        return federation_positive_class(list(self.cards.values()))
 
 
 @dataclass

@@ -24,8 +24,7 @@ from fed_auc.experiment.files import FlowerSettings
 from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.models import build_model
 from fed_auc.node.setup import NodeSetup
-from fed_auc.run.frame import Progress, new_run, run_federation
-from fed_auc.run.lifecycle import RunSites
+from fed_auc.run.frame import Progress, RunSites, new_run, run_federation
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import backoff
