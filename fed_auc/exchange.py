@@ -173,10 +173,9 @@ class Transport(Protocol):
     def summaries(self) -> dict[str, dict[str, Any]]:
         """Each registered site's data card summary (``fed_auc.data.cards.site_summary``)."""
 
-    def use(self, setup: Any, folder: str = "") -> Transport:
+    def use(self, setup: Any) -> Transport:
         """Send ``setup`` with the next requests (the nodes rebuild for it); returns a
-        transport to the same sites. ``folder``: where in-process nodes keep this run's state
-        within the run's folder ("" for the run itself, "warmup"); a remote node keeps its own."""
+        transport to the same sites. The run's warm-up is another setup on the same sites."""
 
     def register(self) -> dict[str, Registration]:
         """Each site's registration, in federation order: asked once per run, by the frame."""

@@ -46,6 +46,7 @@ from fed_auc.store.run_store import RunStore, run_to_resume
 from fed_auc.trainable import Trainable
 from fed_auc.transport.local import LocalTransport
 
+WARMUP_DIR = "warmup"  # in the run's folder: the warm-up's checkpoints and nodes
 STATE_IN_MEMORY_UP_TO = 16  # sites whose node local state stays in memory between rounds
 
 
@@ -98,27 +99,30 @@ def _from_file(site: SiteDefinition, config: ExperimentConfig) -> InProcessSite:
 
 class InProcessSites:
     """The in-process transport of a run: every site's node in this process, built for the
-    setup last ``use``d (one set of nodes per folder of the run: the run's own and the
-    warm-up's), registered once per setup."""
+    setup last ``use``d (one set of nodes for the run, one for its warm-up), each set
+    registered once."""
 
     def __init__(self, sites: list[InProcessSite], runs_dir: str | Path) -> None:
         self.hosted = sites
         self.runs_dir = Path(runs_dir)
         self.summaries = {s.data.name: site_summary(s.data) for s in sites}
         self.current: LocalTransport | None = None
-        self.run_dir = self.runs_dir  # the main run's folder, once its setup is used
+        self.main: str | None = None  # the run's id, once its setup is used
         self._built: dict[str, tuple[NodeSetup, LocalTransport]] = {}  # folder → its nodes
         self._registered: dict[str, dict[str, Registration]] = {}  # folder → its nodes'
         self.folder = ""
 
-    def use(self, setup: NodeSetup, folder: str = "") -> InProcessSites:
-        """The nodes of ``setup``, their state under ``folder`` of the main run's folder (the
-        main run's setup comes first: ``folder`` "")."""
+    def use(self, setup: NodeSetup) -> InProcessSites:
+        """The nodes of ``setup``. The first setup is the run's own (its nodes' state under
+        ``<run>/nodes``); another run on the same sites (the warm-up) keeps its nodes' state
+        under ``<run>/warmup/nodes``."""
+        if self.main is None:
+            self.main = setup.run_id
+        folder = "" if setup.run_id == self.main else WARMUP_DIR
         built = self._built.get(folder)
         if built is None or built[0] != setup:
-            if folder == "":
-                self.run_dir = self.runs_dir / setup.run_id
-            self._built[folder] = (setup, _transport(setup, self.hosted, self.run_dir / folder))
+            run_dir = self.runs_dir / self.main / folder
+            self._built[folder] = (setup, _transport(setup, self.hosted, run_dir))
             self._registered.pop(folder, None)
         self.current, self.folder = self._built[folder][1], folder
         return self

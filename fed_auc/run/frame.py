@@ -222,8 +222,8 @@ def open_run(
     """Open the run ``run_id`` on its known ``sites``: the round-0 network, the warm-up
     (unless the run already has rounds), the coordinator, and the store's first rows, or
     (``resuming``) the last checkpoint. ``transport``: the training sites, registered;
-    ``transport.use(setup, folder)`` reaches their nodes running ``setup``, their state under
-    ``folder`` of the run ("" for the main run, "warmup")."""
+    ``transport.use(setup)`` reaches their nodes running ``setup`` (the warm-up's, then the
+    run's)."""
     run_dir = Path(config.runs_dir) / run_id
     model = start.model
     server = Trainable.with_loss(model, config.loss)
@@ -236,7 +236,7 @@ def open_run(
 
         def warm_transport(warm_id: str, hyperparameters: dict) -> Transport:
             warm = setup.for_run(warm_id, "fedavg", "ce", hyperparameters)
-            return transport.use(warm, "warmup")
+            return transport.use(warm)
 
         server.load(
             warm_start(

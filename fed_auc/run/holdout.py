@@ -68,8 +68,8 @@ class TrainingSites:
         self._refuse(sites)
         return self.inner.evaluate(sites, *args, **kwargs)
 
-    def use(self, setup: Any, folder: str = "") -> TrainingSites:
-        self.inner = self.inner.use(setup, folder)
+    def use(self, setup: Any) -> TrainingSites:
+        self.inner = self.inner.use(setup)
         return self
 
     def __getattr__(self, name: str) -> Any:
