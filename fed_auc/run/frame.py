@@ -96,26 +96,29 @@ def run_federation(
     run_id: str | None = None,
     *,
     progress: Progress | None = None,
+    pooled_scoring: bool = True,
+    transport_name: str = "local",
     **options: Any,
 ) -> dict[str, Any]:
     """Open the run (``open_federation``, same arguments), train its missing rounds, export
-    the selected model, close the run; with held-out sites, score the export at every site.
-    Returns the run's JSON summary."""
+    the selected model, close the run; with held-out sites, score the export at every site
+    (``transport_name`` recorded with it). Returns the run's JSON summary."""
     progress = progress or Progress()
-    run = open_federation(config, transport, store, run_id, progress=progress, **options)
-    config, pooled = run.config, options.get("pooled_scoring", True)
+    run = open_federation(config, transport, store, run_id, progress=progress,
+                          pooled_scoring=pooled_scoring, **options)  # fmt: skip
+    config = run.config
     with store.failure_recorded(run.run_id):
         labels = int(run.setup.model_config["num_labels"])
-        trained = train(config, run.coordinator, run.run_dir, labels, progress.round, pooled)
+        trained = train(config, run.coordinator, run.run_dir, labels, progress.round,
+                        pooled_scoring)  # fmt: skip
     summary = close_run(store, run.run_id, run.run_dir, config, run.coordinator, trained,
                         run.setup.model_config, run.sites.data_cards)  # fmt: skip
     summary["sites"] = list(run.sites.cards)  # the sites that trained, in federation order
     if config.hold_out is not None:  # external validation: the export scored at every site
         progress.log(f"run {run.run_id}: scoring the exported model at every site")
         summary["evaluation"] = evaluate_export(
-            run.transport, config.runs_dir, run.run_id, summary["model_path"],
-            options.get("transport_name", "local"),
-        )  # fmt: skip
+            run.transport, config.runs_dir, run.run_id, summary["model_path"], transport_name
+        )
     transport.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary
 
@@ -132,7 +135,6 @@ def open_federation(
     expected: int | None = None,
     pooled_scoring: bool = True,
     record: Callable[[list[str]], dict[str, Any]] | None = None,
-    transport_name: str = "local",
     progress: Progress | None = None,
 ) -> OpenRun:
     """Register the sites once, learn the run's sites, create the run (``run_id`` None) or
@@ -145,7 +147,8 @@ def open_federation(
     checked before the run exists). ``expected``: the number of sites the setup counts
     (default: the training sites). ``record(sites)``: more to record with the run's config
     once its sites are known (an existing run's config is then rewritten); ``resuming``: the
-    run has rounds to continue from. ``transport_name``: recorded with a held-out evaluation."""
+    run has rounds to continue from; ``pooled_scoring``: whether validation scores may leave
+    the sites (always in-process; over Flower as its settings say)."""
     progress = progress or Progress()
     held_out = config.hold_out or []
     registrations: dict[str, Registration] | None = None
