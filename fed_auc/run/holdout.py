@@ -1,7 +1,8 @@
 """External validation: train without some sites, then score the exported model at every site.
 
-``TrainingSites`` is the transport as the training run sees it: held-out sites are neither
-registered (so they count in no prevalence, threshold or round) nor ever sent a request; a
+``TrainingSites`` is the transport as the training run sees it, the one way both transports
+hold a site out: held-out sites are left out of the registrations (asked once, by the run
+frame; so they count in no prevalence, threshold or round) and never sent a request; a
 training request for one is refused before it leaves. After training, ``evaluate_export`` runs
 the evaluation job (``fed_auc.evaluate.job``) of the exported model on every site through the
 full transport; sites the model's card does not list are marked held out. ``leave_each_out``
