@@ -4,21 +4,25 @@ The coordinator sends a ``Broadcast`` (one phase of one round) and a node answer
 ``Reply`` whose tensors follow the phase's ``ReplyLayout``; an evaluation answers an
 ``Evaluation`` (per split: counts, AUCs, ROC points, binned scores); an evaluation job asks
 with an ``EvaluationRequest``; a node that does not answer usefully is a ``NodeFailure``.
-``MODEL_FORMAT`` names the exported model file's layout. As MONAI's ``ExchangeObject`` and
-Flower's ``Message``, the message types sit below both ends: nothing here imports the
-coordinator, the node or a transport.
+``MODEL_FORMAT`` names the exported model file's layout. ``Transport`` is everything a
+transport provides (in-process, Flower, or a new one): a site's answer to ``register`` is a
+``Registration``. As MONAI's ``ExchangeObject`` and Flower's ``Message``, the message types sit
+below both ends: nothing here imports the coordinator, the node, the model or a transport.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import numpy as np
+import torch
 
 from fed_auc.metrics.auc import AUCResult
-from fed_auc.trainable import Tensors
+
+Tensors = dict[str, torch.Tensor]  # named tensors: what every payload carries
 
 
 class NodeRefused(RuntimeError):
@@ -133,3 +137,71 @@ class EvaluationRequest:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EvaluationRequest:
         return cls(**values)
+
+
+class Registration(TypedDict):
+    """What a site registers with (``fed_auc.node.host.NodeHost.register``): aggregate counts
+    of its training split and its operator's settings; never images or labels."""
+
+    n: int  # training examples
+    positives: list[int]  # per label
+    known: list[int]  # per label: examples whose label is known
+    trained_groups: list[str] | None  # partial training: the layer groups it trains
+    device: str  # where it computes (``fed_auc.node.compute.Compute.describe``)
+    precision: str
+    order: list[Any]  # its place in the federation (index, name)
+    label_names: list[str]
+    synthetic: bool  # synthetic data: the data-kind defaults of the experiment
+    memory_budget: NotRequired[float | int | str]  # its own, when its file sets one
+    local_steps: NotRequired[int]  # its own τ_i, when its file sets one
+
+
+class Transport(Protocol):
+    """What a transport provides: the coordinator, the run frame (``fed_auc.run.frame``) and
+    the evaluation job ask the sites' nodes through this and nothing else.
+
+    A failure to answer is a ``NodeFailure`` in the answers, never an exception, unless too
+    few sites answered for the round to go on (``FederationError``). The setup (a
+    ``fed_auc.node.setup.NodeSetup``) is what the nodes of a run are built from; it travels
+    with the requests."""
+
+    @property
+    def sites(self) -> list[str]:
+        """The registered sites, in federation order."""
+
+    @property
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Each registered site's data card summary (``fed_auc.data.cards.site_summary``)."""
+
+    def use(self, setup: Any) -> Transport:
+        """Send ``setup`` with the next requests (the nodes rebuild for it); returns a
+        transport to the same sites. The run's warm-up is another setup on the same sites."""
+
+    def register(self) -> dict[str, Registration]:
+        """Each site's registration, in federation order: asked once per run, by the frame."""
+
+    def train(self, requests: Mapping[str, Broadcast]) -> dict[str, Reply | NodeFailure]:
+        """Each site's own request (the broadcast, with that site's config) to its node."""
+
+    def secure(
+        self, step: str, messages: Mapping[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """One step of secure aggregation (``fed_auc.privacy.secure``) at each site."""
+
+    def evaluate(
+        self,
+        sites: Sequence[str],
+        tensors: Tensors,
+        pooled: bool = True,
+        thresholds: list[float] | None = None,
+    ) -> dict[str, Evaluation | NodeFailure]:
+        """The model scored on each site's validation and test splits; ``pooled``: with the
+        scores (in-process, or Flower with pooled scoring); ``thresholds``: bin around them."""
+
+    def report(
+        self, sites: Sequence[str], request: EvaluationRequest, tensors: Tensors
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """An evaluation job (``fed_auc.evaluate.job``): each site's report, JSON only."""
+
+    def end(self, status: str) -> None:
+        """Tell the nodes the run ended (``completed``): its result stands whatever happens."""

@@ -116,8 +116,9 @@ def evaluate_site_files(args: argparse.Namespace) -> None:
 def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
     """An evaluation-only run over Flower; returns its summary."""
     from fed_auc.cli.federation import require_flower
+    from fed_auc.evaluate.job import new_evaluation_run
     from fed_auc.experiment.files import load_experiment
-    from fed_auc.store.run_store import RunStore, git_revision
+    from fed_auc.store.run_store import RunStore
 
     require_flower("evaluate --federation")
     from fed_auc.transport.flower.launch import run_coordinator
@@ -137,7 +138,7 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
     runs_dir = experiment["experiment"]["runs_dir"]
     with RunStore(runs_dir) as store:
         record = {"evaluation": job, "flower": experiment["flower"], "transport": "flower"}
-        run_id = store.create_run("evaluate", record, git_revision())
+        run_id = new_evaluation_run(store, record)
     experiment = {**experiment, "run_id": run_id, "evaluation": job}
     from fed_auc.transport.flower.launch import CoordinatorFailed
 

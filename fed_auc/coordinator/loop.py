@@ -31,7 +31,14 @@ from fed_auc.coordinator.robust import Aggregation
 from fed_auc.coordinator.scores import record_scores
 from fed_auc.coordinator.screening import InvalidReply, payload_size, validate_answer
 from fed_auc.coordinator.signals import phase_signals, tensor_norm
-from fed_auc.exchange import COMPUTE_METRICS, Broadcast, NodeFailure, Reply, payload_bytes
+from fed_auc.exchange import (
+    COMPUTE_METRICS,
+    Broadcast,
+    NodeFailure,
+    Reply,
+    Transport,
+    payload_bytes,
+)
 from fed_auc.store.records import RoundRecord, SiteRound
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
@@ -64,7 +71,7 @@ class Coordinator:
     def __init__(
         self,
         backend: Backend,
-        transport,
+        transport: Transport,
         store: RunStore,
         run_id: str,
         run_dir: str | Path,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fed_auc.algorithms.base import Backend, ServerState
-from fed_auc.exchange import Broadcast, NodeFailure, Reply
+from fed_auc.exchange import Broadcast, NodeFailure, Reply, Transport
 from fed_auc.privacy.secure.encoding import (
     MASKED,
     SecureSum,
@@ -105,7 +105,7 @@ class SecurePhase:
         self,
         settings: SecureAggregation,
         backend: Backend,
-        transport: Any,
+        transport: Transport,
         registrations: Mapping[str, Mapping[str, Any]],
         excluded: Collection[str],
         run_id: str,

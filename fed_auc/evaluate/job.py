@@ -20,17 +20,18 @@ import torch
 
 from fed_auc.data.base import SiteData
 from fed_auc.evaluate.local import card_positive_class, write_results
-from fed_auc.exchange import MODEL_FORMAT, EvaluationRequest, NodeFailure
+from fed_auc.exchange import MODEL_FORMAT, EvaluationRequest, NodeFailure, Transport
 from fed_auc.metrics.operating_point import ScoreBins, figures
 from fed_auc.metrics.pooled import check_same_edges, pooled_from_bins, roc_from_bins
 from fed_auc.metrics.report import POOLED, calibration_rows, worst_site_auc
 from fed_auc.metrics.wording import BINNED_BOOTSTRAP, BOOTSTRAP, auc_text, class_text
 from fed_auc.models import DenseNetClassifier
 from fed_auc.registry.load import load_registered_model
-from fed_auc.store.run_store import RunStore
+from fed_auc.store.run_store import RunStore, git_revision
 from fed_auc.tta import check_tta
 
 SPLITS = ("test", "val")
+EVALUATE = "evaluate"  # the store's algorithm of an evaluation run
 POOLED_BINS = "bins"  # how a pooled entry was made: the sites' summed score counts (a job)
 POOLED_SCORES = "scores"  # the sites' scores pooled where they were scored (local evaluate)
 
@@ -143,7 +144,7 @@ def _pooled_note(bins: ScoreBins, sites: list[str]) -> str:
 
 
 def run_job(
-    transport: Any,
+    transport: Transport,
     sites: list[str],
     request: EvaluationRequest,
     tensors: dict[str, torch.Tensor],
@@ -200,6 +201,12 @@ def record_job(
     return summary
 
 
+def new_evaluation_run(store: RunStore, record: dict[str, Any]) -> str:
+    """A new evaluation run in the store: the one way an evaluation job's run is created,
+    local (``record_local``) or federated (``fed-auc evaluate --federation``)."""
+    return store.create_run(EVALUATE, record, git_revision())
+
+
 def record_local(
     runs_dir: str | Path,
     results: dict[str, Any],
@@ -215,8 +222,6 @@ def record_local(
     so it is the per-image pooled AUC and bootstrap CI the console printed (``pooled_from``
     ``scores``), not the binned counts' approximation. Returns the run id."""
     from fed_auc.data.cards import data_record, site_summary
-    from fed_auc.run.lifecycle import fail_run
-    from fed_auc.store.run_store import git_revision
 
     model = str(Path(model).resolve())
     (split,) = request.splits
@@ -231,10 +236,8 @@ def record_local(
     with RunStore(runs_dir) as store:
         summaries = {name: site_summary(d) for name, d in sites.items()}
         record = data_record(list(summaries.values()), site_files=True)  # what it scored
-        run_id = store.create_run(
-            "evaluate", {"evaluation": job, "transport": "local", **record}, git_revision()
-        )
-        try:
+        run_id = new_evaluation_run(store, {"evaluation": job, "transport": "local", **record})
+        with store.failure_recorded(run_id):
             store.record_sites(run_id, summaries)
             store.add_event(run_id, f"evaluation job of {model} at {list(sites)}; "
                             f"not trained on: {held_out}")  # fmt: skip
@@ -249,9 +252,6 @@ def record_local(
             summary.update(files={split: files}, run_id=run_id)
             store.add_event(run_id, "evaluation completed")
             store.finish_run(run_id, "completed", summary)
-        except BaseException as exc:
-            fail_run(store, run_id, exc)
-            raise
     return run_id
 
 

@@ -1,7 +1,8 @@
 """External validation: train without some sites, then score the exported model at every site.
 
-``TrainingSites`` is the transport as the training run sees it: held-out sites are neither
-registered (so they count in no prevalence, threshold or round) nor ever sent a request; a
+``TrainingSites`` is the transport as the training run sees it, the one way both transports
+hold a site out: held-out sites are left out of the registrations (asked once, by the run
+frame; so they count in no prevalence, threshold or round) and never sent a request; a
 training request for one is refused before it leaves. After training, ``evaluate_export`` runs
 the evaluation job (``fed_auc.evaluate.job``) of the exported model on every site through the
 full transport; sites the model's card does not list are marked held out. ``leave_each_out``
@@ -18,6 +19,7 @@ from typing import Any
 
 from fed_auc.coordinator.errors import FederationError
 from fed_auc.evaluate.job import model_request, record_and_write, run_job, trained_sites
+from fed_auc.exchange import Registration, Transport
 from fed_auc.store.run_store import RunStore
 
 EVALUATION_DIR = "evaluation"
@@ -35,16 +37,25 @@ def check_hold_out(held_out: Sequence[str], sites: Sequence[str]) -> None:
 
 
 class TrainingSites:
-    """A transport without the held-out sites; anything else goes to the full transport."""
+    """A transport without the held-out sites, registered once; anything else goes to the
+    full transport. ``registrations``: every site's, as the run frame asked them (None: asked
+    of the full transport on the first ``register``)."""
 
-    def __init__(self, transport: Any, held_out: Sequence[str]) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        held_out: Sequence[str],
+        registrations: Mapping[str, Registration] | None = None,
+    ) -> None:
         self.inner = transport
         self.held_out = frozenset(held_out)
+        self.registrations = None if registrations is None else dict(registrations)
 
-    def register(self) -> dict[str, dict[str, Any]]:
-        registrations = self.inner.register()
-        check_hold_out(sorted(self.held_out), list(registrations))
-        return {s: r for s, r in registrations.items() if s not in self.held_out}
+    def register(self) -> dict[str, Registration]:
+        if self.registrations is None:
+            self.registrations = self.inner.register()
+        check_hold_out(sorted(self.held_out), list(self.registrations))
+        return {s: r for s, r in self.registrations.items() if s not in self.held_out}
 
     @property
     def sites(self) -> list[str]:
@@ -59,7 +70,7 @@ class TrainingSites:
         return self.inner.evaluate(sites, *args, **kwargs)
 
     def use(self, setup: Any) -> TrainingSites:
-        self.inner.use(setup)
+        self.inner = self.inner.use(setup)
         return self
 
     def __getattr__(self, name: str) -> Any:
@@ -72,7 +83,7 @@ class TrainingSites:
 
 
 def evaluate_export(
-    transport: Any,
+    transport: Transport,
     runs_dir: str | Path,
     run_id: str,
     model_path: str | Path,
@@ -83,7 +94,7 @@ def evaluate_export(
     """Score the run's exported model at every site of ``transport`` (the held-out ones too),
     record it under the run and write it to ``<run>/evaluation``."""
     request, tensors, card = model_request(model_path, ["test"], bootstrap, seed)
-    sites = list(transport.register())
+    sites = transport.sites
     held_out = [s for s in sites if s not in trained_sites(card)]
     results = run_job(transport, sites, request, tensors, held_out)
     with RunStore(runs_dir) as store:

@@ -1,10 +1,6 @@
-"""A federated run from its first round to its exported model, whatever the transport.
-
-``fed-auc simulate`` (in-process nodes) and the Flower coordinator (``fed_auc.transport.flower``)
-both open a run with ``open_run`` once they know its sites (the network, the nodes' setup,
-the optional fedavg + cross-entropy warm-up, the coordinator, the store's first rows or the
-last checkpoint), train it with ``train_and_close`` (the selected model tracked) and close it
-(export, model card, summary, status). They differ only in how they reach the nodes.
+"""A run's training and close, whatever the transport, as the run frame (``fed_auc.run.frame``)
+drives them: ``train`` the missing rounds (the selected model tracked, its thresholds chosen,
+its scores at every site), then ``close_run`` (export, model card, summary, status).
 """
 
 from __future__ import annotations
@@ -19,10 +15,9 @@ import numpy as np
 
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.selection import BestModel, track_best_model
-from fed_auc.data.labels import federation_positive_class
+from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
-from fed_auc.node.setup import NodeSetup
 from fed_auc.registry.card import (
     CardSettings,
     PrivacySettings,
@@ -32,82 +27,13 @@ from fed_auc.registry.card import (
 )
 from fed_auc.registry.export import export_model
 from fed_auc.run.headline import exported_sites
-from fed_auc.run.initial import INIT_FILE, StartingPoint, load_starting_point, starting_point
-from fed_auc.run.start import start_coordinator
-from fed_auc.run.warmup import warm_start
+from fed_auc.run.initial import INIT_FILE
 from fed_auc.store.records import RoundRecord, as_float
 from fed_auc.store.run_store import RunStore
-from fed_auc.trainable import Tensors, Trainable
+from fed_auc.trainable import Tensors
 
 EXPORTED = "exported"  # the store's name for the model a run exported
 DEFAULT_THRESHOLD = 0.5  # where no threshold could be chosen (no pooled validation scores)
-
-
-def open_run(
-    config: ExperimentConfig,
-    store: RunStore,
-    run_id: str,
-    sites: RunSites,
-    nodes_for: Callable[[NodeSetup, str], Any],
-    resuming: bool,
-    pooled_scoring: bool = True,
-    start: StartingPoint | None = None,
-    on_warmup_round: Callable[[RoundRecord], None] | None = None,
-) -> tuple[Coordinator, NodeSetup]:
-    """Open the run ``run_id`` on its known ``sites``, the one way for both transports: the
-    network (seeded), the nodes' setup, the warm-up (unless the run already has rounds), the
-    coordinator, and the store's first rows, or (``resuming``) the last checkpoint.
-    ``nodes_for(setup, folder)``: the transport to the sites' nodes running ``setup``, their
-    state under ``folder`` of the run ("" for the main run, "warmup"). ``start``: the round-0
-    network when the caller built it already (``starting_point``, before the run existed).
-    ``on_warmup_round``: told each warm-up round (``on_round`` of ``train_and_close``)."""
-    run_dir = Path(config.runs_dir) / run_id
-    if start is None:
-        start = starting_point(config, sites.num_labels, sites.label_names, sites.positive_class())
-    model = start.model
-    server = Trainable.with_loss(model, config.loss)
-    setup = config.node_setup(run_id, model.config(), sites.num_labels, sites.expected)
-    personalization = setup.personalization()
-    personal = personalization.personal_names(server.names()) if personalization else ()
-    started = resuming and not store.rounds(run_id).empty
-    for message in load_starting_point(server, start, run_dir, started):
-        store.add_event(run_id, message)
-    if config.warmup_rounds and not started:
-
-        def warm_transport(warm_id: str, hyperparameters: dict) -> Any:
-            return nodes_for(setup.for_run(warm_id, "fedavg", "ce", hyperparameters), "warmup")
-
-        server.load(
-            warm_start(
-                config,
-                model,
-                store,
-                run_id,
-                run_dir,
-                warm_transport,
-                pooled_scoring,
-                personal,
-                sites.record,
-                sites.fixed_steps,
-                on_warmup_round,
-            )  # fmt: skip
-        )
-    coordinator = start_coordinator(
-        config, nodes_for(setup, ""), store, run_id, run_dir, server, personal,
-        sites.fixed_steps, pooled_scoring,
-    )  # fmt: skip
-    if resuming:
-        last = coordinator.resume()
-        store.reopen_run(run_id, f"run resumed after round {last}")
-    if not started:
-        store.record_sites(run_id, sites.cards)
-        store.add_event(
-            run_id, f"run started: {config.algorithm} on {len(sites.cards)} sites "
-            f"{sorted(sites.cards)}"
-        )  # fmt: skip
-        if config.hold_out:
-            store.add_event(run_id, f"held out of training: {config.hold_out}")
-    return coordinator, setup
 
 
 def card_settings(config: ExperimentConfig) -> CardSettings:
@@ -140,37 +66,28 @@ def card_settings(config: ExperimentConfig) -> CardSettings:
     )
 
 
-@dataclass(frozen=True)
-class RunSites:
-    """What a run knows of its training sites once they are loaded or registered: each
-    one's data card summary, their common number of labels, how many the nodes' setup counts
-    (personalization's default head learning rate), the τ_i their own files set, and what
-    the run records about the data it ran on (``data.cards.data_record``)."""
+@dataclass
+class Trained:
+    """What training left to export: the selected model, the card's thresholds (empty: none
+    could be chosen) and the selected model's scores at every site (``exported_evaluation``)."""
 
-    cards: dict[str, dict[str, Any]]
-    num_labels: int
-    expected: int
-    fixed_steps: dict[str, int]
-    record: dict[str, Any]
-    label_names: list[str] | None = None  # the sites' common labels, checked against --init
-
-    def positive_class(self) -> list[str] | None:
-        """The sites' positive class as their cards name it, checked against --init."""
-        return federation_positive_class(list(self.cards.values()))
+    best: BestModel
+    thresholds: list[float]
+    exported: dict[str, Any]
 
 
-def train_and_close(
+def train(
     config: ExperimentConfig,
     coordinator: Coordinator,
     run_dir: Path,
-    model_config: dict[str, Any],
-    cards: list[dict[str, Any]],
+    num_labels: int,
     on_round: Callable[[RoundRecord], None] | None = None,
     thresholds: bool = True,
-) -> dict[str, Any]:
-    """Train the rounds still missing, export the selected model and close the run.
-    ``thresholds``: whether pooled validation scores may leave the sites to set the card's
-    operating threshold (always in-process; over Flower only with pooled scoring)."""
+) -> Trained:
+    """Train the rounds still missing, settle the selected model, choose its thresholds and
+    score it at every site; the coordinator is closed after. ``thresholds``: whether pooled
+    validation scores may leave the sites to set the card's operating threshold (always
+    in-process; over Flower only with pooled scoring)."""
     store, run_id = coordinator.store, coordinator.run_id
     best = track_best_model(coordinator, run_dir, config.select)
     try:
@@ -179,15 +96,11 @@ def train_and_close(
         chosen = []
         if thresholds:
             chosen = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
-        cut = chosen or [DEFAULT_THRESHOLD] * int(model_config["num_labels"])
+        cut = chosen or [DEFAULT_THRESHOLD] * num_labels
         exported = exported_evaluation(coordinator.transport, coordinator.sites, best.tensors, cut)
-    except BaseException as exc:
-        fail_run(store, run_id, exc)
-        raise
     finally:
         coordinator.close()
-    return close_run(store, run_id, run_dir, config, coordinator.backend, best, model_config,
-                     cards, chosen, exported)  # fmt: skip
+    return Trained(best, chosen, exported)
 
 
 def close_run(
@@ -195,18 +108,17 @@ def close_run(
     run_id: str,
     run_dir: Path,
     config: ExperimentConfig,
-    backend: Any,
-    best: BestModel,
+    coordinator: Coordinator,
+    trained: Trained,
     model_config: dict[str, Any],
     cards: list[dict[str, Any]],
-    thresholds: list[float],
-    exported: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Export the selected model with its card, record the run as completed, close the store.
-    ``exported``: the export's scores per site (``exported_evaluation``), recorded in the store.
+    """Export the selected model with its card, record the run as completed, close the store;
+    the export's scores per site are recorded in the store.
 
     Shared by ``fed-auc simulate`` and the Flower coordinator, so both export the same thing.
     """
+    best, thresholds, exported = trained.best, trained.thresholds, trained.exported
     summary = summarize(run_id, run_dir, config, store)
     summary["selected_round"] = best.round
     selected = store.rounds(run_id).set_index("round", drop=False).loc[best.round].copy()
@@ -222,7 +134,8 @@ def close_run(
             site_frame[key] = site_frame["site"].map(values)
     settings = card_settings(config)
     card = model_card(
-        summary, selected, site_frame, settings, backend.hyperparameters(), model_config, cards
+        summary, selected, site_frame, settings, coordinator.backend.hyperparameters(),
+        model_config, cards,
     )
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
@@ -234,10 +147,9 @@ def close_run(
     summary["exported_sites"] = exported_sites(card["sites"])  # its worst site: the headline's
     summary["positive_class"] = card["positive_class"]
     summary["threshold"] = thresholds
-    if exported is not None:
-        store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])
-        for site, message in exported["failures"].items():
-            store.add_event(run_id, f"exported model not scored: {message}", "warning", site)
+    store.record_model_evaluation(run_id, EXPORTED, "test", exported["sites"])
+    for site, message in exported["failures"].items():
+        store.add_event(run_id, f"exported model not scored: {message}", "warning", site)
     model_path = export_model(run_dir / "model", best.tensors, model_config, card)
     summary["model_path"] = str(model_path)
     store.add_event(run_id, f"exported {what}")
@@ -248,7 +160,7 @@ def close_run(
 
 
 def exported_evaluation(
-    transport, sites: list[str], tensors: Tensors, thresholds: list[float]
+    transport: Transport, sites: list[str], tensors: Tensors, thresholds: list[float]
 ) -> dict[str, Any]:
     """The exported model scored on every site's test split: per label n, positives, AUC with
     CI, the card's threshold and binned score counts (no per-image score leaves a site).
@@ -278,7 +190,7 @@ def exported_evaluation(
     return out
 
 
-def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
+def operating_thresholds(transport: Transport, sites: list[str], tensors: Tensors) -> list[float]:
     """Per label, the score threshold maximising Youden's J on the pooled validation scores
     (0.5 where validation has one class): the model card's operating point."""
     answers = transport.evaluate(sites, tensors, pooled=True)
@@ -289,18 +201,6 @@ def operating_thresholds(transport, sites: list[str], tensors) -> list[float]:
     labels = np.concatenate([p.labels for p in parts])
     scores = np.concatenate([p.scores for p in parts])
     return [youden_threshold(labels[:, j], scores[:, j]) for j in range(labels.shape[1])]
-
-
-def fail_run(store: RunStore, run_id: str, exc: BaseException) -> None:
-    """Mark the run failed (rounds already recorded stay) and close the store."""
-    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM where the CLI maps it so
-        reason = "stopped by the operator (Ctrl-C or SIGTERM)"
-        store.add_event(run_id, f"run {reason}; it can be resumed", level="error")
-    else:
-        reason = str(exc)
-        store.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
-    store.finish_run(run_id, "failed", {"error": reason})
-    store.close()
 
 
 def summarize(

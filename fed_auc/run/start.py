@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.robust import Aggregation
+from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
@@ -29,7 +29,7 @@ def secure_aggregation(config: ExperimentConfig):
 
 def start_coordinator(
     config: ExperimentConfig,
-    transport: Any,
+    transport: Transport,
     store: RunStore,
     run_id: str,
     run_dir: Path,

@@ -12,11 +12,12 @@ import torch
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
 from fed_auc.run.start import secure_aggregation
 from fed_auc.store.records import RoundRecord
-from fed_auc.store.run_store import RunStore, git_revision
+from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import BUFFER, WEIGHT, Tensors, Trainable
 
 
@@ -26,7 +27,8 @@ def warm_start(
     store: RunStore,
     run_id: str,
     run_dir: Path,
-    transport_for: Callable[[str, Any], Any],
+    transport_for: Callable[[str, Any], Transport],
+    new_run: Callable[[dict[str, Any]], str],
     pooled_scoring: bool = True,
     personal: Collection[str] = (),
     record: dict[str, Any] | None = None,
@@ -37,7 +39,8 @@ def warm_start(
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
     Recorded in the store as its own fedavg run, named in the main run's events.
     ``transport_for(warm_run_id, hyperparameters)`` reaches the same sites' nodes for that
-    run (fedavg with these hyperparameters, cross-entropy). ``personal``: tensors the nodes
+    run (fedavg with these hyperparameters, cross-entropy); ``new_run(record)`` creates the
+    warm-up's run in the store (``fed_auc.run.frame.new_run``). ``personal``: tensors the nodes
     keep (personal heads), as in the main run; ``fixed_steps``: the τ_i sites set in their own
     files, which the warm-up asks for as the main run does (a Flower node runs them anyway).
     ``on_round``: told each warm-up round as it is recorded (a progress bar counts them)."""
@@ -48,7 +51,7 @@ def warm_start(
     warm_model.load_state_dict(model.state_dict())
     server = Trainable.with_loss(warm_model, "ce")
     recorded = {**options, **(record or {}), "warmup_for": run_id}  # record: data_record
-    warm_id = store.create_run("fedavg", recorded, git_revision())
+    warm_id = new_run(recorded)
     transport = transport_for(warm_id, hyperparameters)
     coordinator = Coordinator(
         backend,

@@ -11,7 +11,8 @@ import sqlite3
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,36 @@ class RunStore(EvaluationTables):
                 "UPDATE runs SET status = ?, ended_at = ?, summary = ? WHERE id = ?",
                 (status, time.time(), json.dumps(summary), run_id),
             )
+
+    @contextmanager
+    def failure_recorded(self, run_id: str) -> Iterator[None]:
+        """From here on a failure or a stop (Ctrl-C, SIGTERM) marks the run failed, with why
+        (``fail_run``): how every run, training or evaluation, records its failure."""
+        try:
+            yield
+        except BaseException as exc:
+            self.fail_run(run_id, exc)
+            raise
+
+    def fail_run(self, run_id: str, exc: BaseException) -> None:
+        """Mark the run failed with why (rounds already recorded stay) and close the store:
+        the one failure path of every run, training or evaluation."""
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM where the CLI maps it so
+            reason = "stopped by the operator (Ctrl-C or SIGTERM)"
+            self.add_event(run_id, f"run {reason}; it can be resumed", level="error")
+        else:
+            reason = str(exc)
+            self.add_event(run_id, f"run failed: {type(exc).__name__}: {exc}", level="error")
+        self.finish_run(run_id, "failed", {"error": reason})
+        self.close()
+
+    def abandon_run(self, run_id: str, reason: str, message: str | None = None) -> None:
+        """A run whose coordinator is gone: ``message`` (default: ``reason``) in its events,
+        and the run failed for ``reason`` if it still runs (the process that ran it may have
+        recorded its own failure first)."""
+        self.add_event(run_id, message or reason, level="error")
+        if self.run(run_id)["status"] == "running":
+            self.finish_run(run_id, "failed", {"error": reason})
 
     def reopen_run(self, run_id: str, message: str) -> None:
         """Mark a run running again (``--resume``), with an event saying from where."""

@@ -153,3 +153,35 @@ def test_below_the_run_code_gets_plain_settings_never_the_experiment_config():
         if "ExperimentConfig" in path.read_text() and not _in(module, above)
     )
     assert readers == []
+
+
+def _calls(path: Path, name: str) -> bool:
+    """Whether ``path`` calls a function or method named ``name``."""
+    return any(
+        isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) == name or getattr(node.func, "id", None) == name)
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def test_only_the_run_frame_the_evaluation_job_and_the_store_create_or_fail_a_run():
+    """A training run is created by the frame (``run.frame.new_run``), an evaluation run by
+    the evaluation job; a run's failure is recorded the store's one way."""
+    creators = sorted(m for m, p in MODULES.items() if _calls(p, "create_run"))
+    assert creators == ["fed_auc.evaluate.job", "fed_auc.run.frame"]
+    failers = sorted(m for m, p in MODULES.items() if _calls(p, "fail_run"))
+    assert failers == ["fed_auc.store.run_store"]
+    finishers = [m for m, p in MODULES.items() if "finish_run(run_id, \"failed\"" in p.read_text()]
+    assert finishers == ["fed_auc.store.run_store"]
+
+
+def test_both_entry_points_go_through_the_one_run_frame():
+    """``simulate`` and the Flower ServerApp are each a short function into
+    ``run_federation``; neither opens, trains or closes a run itself."""
+    for module in ("fed_auc.simulation", "fed_auc.transport.flower.server"):
+        path = MODULES[module]
+        assert _calls(path, "run_federation"), module
+        steps = {"fed_auc.run.lifecycle", "fed_auc.run.start", "fed_auc.run.warmup"}
+        assert not _imports(path) & steps, module
+    assert not any(_in(m, ("evaluate",)) and _in(i, ("run",))
+                   for m, p in MODULES.items() for i in _imports(p))  # fmt: skip

@@ -102,6 +102,4 @@ def abandon_run(experiment: dict[str, Any], pid: int) -> None:
     reason = f"the coordinator process (PID {pid}) ended without stopping its run"
     reason += resume_hint(experiment)
     with RunStore(runs_dir) as store:
-        store.add_event(run_id, reason, level="error")
-        if store.run(run_id)["status"] == "running":
-            store.finish_run(run_id, "failed", {"error": reason})
+        store.abandon_run(run_id, reason)

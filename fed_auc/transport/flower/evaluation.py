@@ -1,4 +1,5 @@
-"""An evaluation-only Flower run: the coordinator asks every node to score a registered model.
+"""An evaluation-only Flower run's plumbing: the nodes' setup and transport for the job whose
+run is an evaluation's (``fed_auc.evaluate.federated``).
 
 Started like a training run (``fed-auc evaluate --federation CONFIG``: the experiment TOML with
 its ``[flower]`` table), through the same SuperLink, nodes and store, with no training round.
@@ -13,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fed_auc.data.cards import data_record
-from fed_auc.evaluate.job import model_request, record_and_write, run_job, trained_sites
+from fed_auc.evaluate.federated import evaluate_at_sites
+from fed_auc.evaluate.job import model_request
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import FlowerSettings
-from fed_auc.run.lifecycle import fail_run
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.identity import SiteIdentities
 from fed_auc.transport.flower.transport import FlowerTransport
@@ -34,8 +34,9 @@ def job_config(config: ExperimentConfig, card: dict[str, Any]) -> ExperimentConf
 def run_evaluation(
     grid, experiment: dict[str, Any], log=print, make_transport=FlowerTransport
 ) -> dict[str, Any]:
-    """Score ``experiment["evaluation"]["model"]`` at every site that joins; record and write
-    the results; return the summary the coordinator prints."""
+    """Score ``experiment["evaluation"]["model"]`` at every site that joins
+    (``fed_auc.evaluate.federated.evaluate_at_sites``); return the summary the coordinator
+    prints."""
     job = experiment["evaluation"]
     settings = FlowerSettings(**experiment["flower"])
     run_id = experiment["run_id"]
@@ -45,44 +46,18 @@ def run_evaluation(
     def event(site: str | None, level: str, message: str) -> None:
         store.add_event(run_id, message, level, site)
 
-    try:
-        request, tensors, card = model_request(
-            job["model"], job["splits"], job["bootstrap"], job["seed"]
-        )
+    with store.failure_recorded(run_id):
+        model = model_request(job["model"], job["splits"], job["bootstrap"], job["seed"])
+        request, card = model[0], model[2]
         config = job_config(config, card)
         setup = config.node_setup(
             run_id, request.model_config, len(request.label_names), settings.expected_sites
         )
-        recorded = store.run(run_id)["config"]
-        identities = SiteIdentities.for_run(experiment, recorded, run_id)
+        identities = SiteIdentities.for_run(experiment, store.run(run_id)["config"], run_id)
         transport = make_transport(grid, setup, settings, log, event, identities)
-        log(f"evaluation {run_id}: waiting for {settings.expected_sites} site(s)")
-        sites = list(transport.register())
-        store.record_sites(run_id, transport.summaries)
-        # what the job really scored: the registered sites' data (data_record)
-        summaries = [transport.summaries[s] for s in sites]
-        store.update_config(
-            run_id,
-            {
-                **recorded,
-                **data_record(summaries, site_files=True),
-                **identities.record(sites),
-            },
-        )
-        held_out = [s for s in sites if s not in trained_sites(card)]
-        store.add_event(run_id, f"evaluation job of {job['model']} at {sites}; "
-                        f"not trained on: {held_out}")  # fmt: skip
-        log(f"evaluation {run_id}: sites {sites}; asking each for its report")
-        results = run_job(transport, sites, request, tensors, held_out)
-        summary = record_and_write(store, run_id, results, job["model"], card, "flower", job["out"])
-        summary["run_id"] = run_id
-        for site, reason in summary["failures"].items():
-            log(f"evaluation {run_id}: site {site} did not report: {reason}")
-        store.add_event(run_id, "evaluation completed")
-        store.finish_run(run_id, "completed", summary)
-        store.close()
-    except BaseException as exc:
-        fail_run(store, run_id, exc)
-        raise
+    log(f"evaluation {run_id}: waiting for {settings.expected_sites} site(s)")
+    summary = evaluate_at_sites(
+        store, run_id, job, transport, model, "flower", log, identities.record
+    )
     transport.end("completed")  # the nodes say so, not that the coordinator is gone
     return summary

@@ -23,7 +23,7 @@ from typing import Any
 
 from fed_auc.experiment.files import FlowerSettings
 from fed_auc.site import SiteDefinition
-from fed_auc.store.run_store import STORE_FILE, RunStore, git_revision
+from fed_auc.store.run_store import STORE_FILE, RunStore
 from fed_auc.transport.flower import client
 from fed_auc.transport.flower.coordinator_watch import ProcessIdentity, resume_hint
 from fed_auc.transport.flower.executor import serve_tasks
@@ -130,10 +130,12 @@ def run_coordinator(experiment: dict[str, Any], work_dir: Path, echo=print) -> d
 
 
 def _create_run(experiment: dict[str, Any]) -> str:
+    from fed_auc.run.frame import new_run  # deferred: the node commands never need it
+
     config = experiment["experiment"]
     record = {**config, "flower": experiment["flower"]}
     with RunStore(config["runs_dir"]) as store:
-        return store.create_run(config["algorithm"], record, git_revision())
+        return new_run(store, config["algorithm"], record)
 
 
 def _mark_stopped(runs_dir: str, run_id: str, why: BaseException) -> None:
@@ -142,14 +144,12 @@ def _mark_stopped(runs_dir: str, run_id: str, why: BaseException) -> None:
     then only the event is added)."""
     reason = "stopped by the operator" if isinstance(why, KeyboardInterrupt) else str(why)
     with RunStore(runs_dir) as store:
-        store.add_event(
+        store.abandon_run(
             run_id,
+            reason,
             f"coordinator stopped: {reason}; continue with "
             f"`fed-auc coordinator --resume {run_id} --runs-dir {runs_dir}`",
-            level="error",
         )
-        if store.run(run_id)["status"] == "running":
-            store.finish_run(run_id, "failed", {"error": reason})
 
 
 def _serve(

@@ -1,14 +1,15 @@
 """The Flower ServerApp: fed-auc's coordinator driving nodes through Flower messages.
 
-``run_experiment`` is what ``run_simulation`` does, with the sites behind ``FlowerTransport``
-(``fed_auc.transport.flower.transport``); the round loop itself is
-``fed_auc.coordinator.loop.Coordinator``, unchanged.
+``run_experiment`` is ``run_simulation``'s short function into the run frame
+(``fed_auc.run.frame.run_federation``), with the sites behind ``FlowerTransport``
+(``fed_auc.transport.flower.transport``) instead of in-process.
 """
 
 from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fed_auc.coordinator.errors import FederationError
-from fed_auc.data.base import common_label_count
-from fed_auc.data.cards import data_record
-from fed_auc.data.labels import federation_positive_class
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.files import FlowerSettings
 from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.models import build_model
-from fed_auc.run.holdout import TrainingSites, evaluate_export
-from fed_auc.run.lifecycle import RunSites, fail_run, open_run, train_and_close
+from fed_auc.node.setup import NodeSetup
+from fed_auc.run.frame import Progress, RunSites, new_run, run_federation
 from fed_auc.store.records import RoundRecord
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower import backoff
@@ -35,18 +33,36 @@ from fed_auc.transport.flower.identity import SiteIdentities
 from fed_auc.transport.flower.transport import FlowerTransport
 
 
+class ConsoleProgress(Progress):
+    """The coordinator's lines: the sites, each round, each warm-up round."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.warmup_rounds = 0
+        self.positive_class: list[str] | None = None
+
+    def started(self, run_id: str, config: ExperimentConfig, sites: RunSites) -> None:
+        self.warmup_rounds, self.positive_class = config.warmup_rounds, sites.positive_class()
+
+    def warmup_round(self, record: RoundRecord) -> None:
+        name = f"warm-up {record.round}/{self.warmup_rounds}"
+        self.log(_progress(record, self.positive_class, name))
+
+    def round(self, record: RoundRecord) -> None:
+        self.log(_progress(record, self.positive_class))
+
+
 def run_experiment(
     grid: Grid, experiment: dict[str, Any], log=print, make_transport=FlowerTransport
 ) -> dict[str, Any]:
     """What ``run_simulation`` does, with the sites behind Flower instead of in-process: the
     run ``experiment["run_id"]`` (made by ``fed-auc coordinator``; ``resume``: it has rounds).
-    ``make_transport(grid, setup, settings, log, event)``: FlowerTransport's constructor."""
+    ``make_transport(grid, setup, settings, log, event, identities)``: FlowerTransport's."""
     config = ExperimentConfig(**experiment["experiment"])
     settings = FlowerSettings(**experiment["flower"])
     run_id, resume = experiment["run_id"], bool(experiment.get("resume"))
     torch.manual_seed(config.seed)
     store = RunStore(config.runs_dir)
-    run_dir = Path(config.runs_dir) / run_id
 
     def event(site: str | None, level: str, message: str) -> None:
         """Recorded in the store and shown in the coordinator's log: an operator watching it
@@ -54,86 +70,18 @@ def run_experiment(
         store.add_event(run_id, message, level, site)
         log(message)
 
-    try:
-        # The nodes register with a provisional setup: registration needs their data and
-        # memory budget only; the data-dependent defaults (the network and lr among them)
-        # are settled from their answers.
-        provisional = _provisional(config)
-        model = build_model(
-            provisional.model, num_labels=config.num_labels, norm=provisional.model_norm()
-        )
-        provisional = provisional.node_setup(
-            run_id, model.config(), config.num_labels, settings.expected_sites
-        )
+    with store.failure_recorded(run_id):
         identities = SiteIdentities.for_run(experiment, store.run(run_id)["config"], run_id)
-        everyone = make_transport(grid, provisional, settings, log, event, identities)
-        transport = (
-            everyone if config.hold_out is None else TrainingSites(everyone, config.hold_out)
-        )
-        log(f"run {run_id}: waiting for {settings.expected_sites} site(s), "
-            f"at least {settings.min_nodes}")  # fmt: skip
-        registrations = transport.register()
-        sites = list(registrations)
-        log(f"run {run_id}: sites {sites}")
-        config = config.with_data_kind(all(r["synthetic"] for r in registrations.values()))
-        run_sites = RunSites(
-            cards={s: transport.summaries[s] for s in sites},
-            num_labels=common_label_count(
-                {site: r["label_names"] for site, r in registrations.items()}
-            ),
-            expected=settings.expected_sites,
-            # a site file's own τ_i: the requests ask for it, so its replies' steps are
-            # checked against what it runs (fed_auc.coordinator.screening)
-            fixed_steps={
-                site: int(r["local_steps"])
-                for site, r in registrations.items()
-                if r.get("local_steps") is not None
-            },
-            # what the run really ran on: the registered sites' data (not the experiment's
-            # unused data/sites defaults), as run_simulation records it for the same files
-            record=data_record([transport.summaries[s] for s in sites], site_files=True),
-            label_names=list(registrations[sites[0]]["label_names"]) if sites else None,
-        )
-        store.update_config(
-            run_id,
-            {
-                **config.to_dict(),
-                **run_sites.record,
-                "flower": asdict(settings),
-                **identities.record(sites),  # the sites' keys, kept for a resumed coordinator
-            },
-        )
-        positive_class = federation_positive_class(list(run_sites.cards.values()))
-        coordinator, setup = open_run(
-            config, store, run_id, run_sites, lambda setup, folder: transport.use(setup),
-            resume, settings.pooled_scoring,
-            on_warmup_round=lambda r: log(
-                _progress(r, positive_class, f"warm-up {r.round}/{config.warmup_rounds}")
-            ),
-        )  # fmt: skip
-        if coordinator.committed_round is not None:
-            log(f"run {run_id}: resumed after round {coordinator.committed_round}")
-    except BaseException as exc:
-        fail_run(store, run_id, exc)
-        raise
-    cards = [transport.summaries[s] for s in sites]
-    summary = train_and_close(
-        config,
-        coordinator,
-        run_dir,
-        setup.model_config,
-        cards,
-        on_round=lambda r: log(_progress(r, positive_class)),
-        thresholds=settings.pooled_scoring,
-    )
-    summary["sites"] = sites  # the registered sites that trained, in federation order
-    if config.hold_out is not None:  # external validation: the export scored at every site
-        log(f"run {run_id}: scoring the exported model at every site")
-        summary["evaluation"] = evaluate_export(
-            everyone, config.runs_dir, run_id, summary["model_path"], "flower"
-        )
-    everyone.end("completed")  # the nodes say so, not that the coordinator is gone
-    return summary
+        setup = _registration_setup(config, run_id, settings)
+        transport = make_transport(grid, setup, settings, log, event, identities)
+    log(f"run {run_id}: waiting for {settings.expected_sites} site(s), "
+        f"at least {settings.min_nodes}")  # fmt: skip
+    return run_federation(
+        config, transport, store, run_id, resuming=resume, expected=settings.expected_sites,
+        pooled_scoring=settings.pooled_scoring, transport_name="flower",
+        record=lambda sites: {"flower": asdict(settings), **identities.record(sites)},
+        progress=ConsoleProgress(log),
+    )  # fmt: skip
 
 
 def run_leave_each_out(
@@ -144,7 +92,6 @@ def run_leave_each_out(
     (``run_experiment`` with ``hold_out``), each scored at every site. The summary is the
     first run's, with ``leave_each_out``: per site its held-out and in-federation AUC."""
     from fed_auc.run.holdout import leave_each_out
-    from fed_auc.store.run_store import git_revision
 
     options = {**experiment["experiment"], "hold_out": []}
     base = {k: v for k, v in experiment.items() if k not in ("leave_each_out", "resume")}
@@ -155,7 +102,7 @@ def run_leave_each_out(
         config = {**options, "hold_out": held_out}
         with RunStore(config["runs_dir"]) as store:
             record = {**config, "flower": experiment["flower"]}
-            run_id = store.create_run(config["algorithm"], record, git_revision())
+            run_id = new_run(store, config["algorithm"], record)
         log(f"leave-each-out: run {run_id} trains without {held_out}")
         return run_experiment(
             grid, {**base, "experiment": config, "run_id": run_id}, log, make_transport
@@ -165,13 +112,23 @@ def run_leave_each_out(
     return {**inside, "leave_each_out": leave_each_out(None, train, inside)}
 
 
-def _provisional(config: ExperimentConfig) -> ExperimentConfig:
-    """The config the nodes register with: as for synthetic data (the lightest setup), or as
-    for image files where only those accept the options given."""
+def _registration_setup(
+    config: ExperimentConfig, run_id: str, settings: FlowerSettings
+) -> NodeSetup:
+    """The setup the nodes register with: registration needs their data and memory budget
+    only; the data-dependent defaults (the network and lr among them) are settled from their
+    answers. As for synthetic data (the lightest setup), or as for image files where only
+    those accept the options given."""
     try:
-        return config.with_data_kind(True)
+        provisional = config.with_data_kind(True)
     except ValueError:
-        return config.with_data_kind(False)
+        provisional = config.with_data_kind(False)
+    model = build_model(
+        provisional.model, num_labels=config.num_labels, norm=provisional.model_norm()
+    )
+    return provisional.node_setup(
+        run_id, model.config(), config.num_labels, settings.expected_sites
+    )
 
 
 def _progress(
