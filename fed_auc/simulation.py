@@ -247,6 +247,7 @@ def run_simulation(
     on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
+    config.resolve_files()
     transport, options = _in_process(config, None, on_run, on_warmup_round, on_round)
     return run_federation(config, transport, RunStore(config.runs_dir), **options)
 
@@ -263,7 +264,7 @@ def resume_simulation(
     equals the uninterrupted run's.
     """
     run = run_to_resume(runs_dir, run_id, "fed-auc simulate")
-    config = recorded_config(run["config"], runs_dir)
+    config = recorded_config(run["config"], runs_dir).resolve_files()
     transport, options = _in_process(config, run_id, None, on_warmup_round, on_round)
     return run_federation(config, transport, RunStore(config.runs_dir), run_id, **options)
 

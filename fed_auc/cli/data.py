@@ -7,49 +7,21 @@ import argparse
 import sys
 from typing import Any
 
+from fed_auc.cli.option_flags import add_option_flags
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.option import declared_options
+
+# The options that say how a data source is read and split, shared by simulate, data-card and
+# evaluate (declared once in fed_auc.experiment.data_options).
+DATA_READING = (
+    "data", "partition", "feature_shift", "positive_label", "classes", "positive_class",
+    "uncertain", "frontal_only", "aspect", "skip_bad_images",
+)  # fmt: skip
+
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """--data and the options that say how to read and split it (simulate, data-card, evaluate)."""
-    p.add_argument(
-        "--data", help="synthetic (default), medmnist:PATH.npz or csv:PATH.csv[:IMAGE_ROOT]"
-    )
-    p.add_argument(
-        "--partition",
-        help="natural (CSV site column; CSV default), iid (default), dirichlet:ALPHA, "
-        "quantity:ALPHA, imratio:R1,R2,...",
-    )
-    p.add_argument("--feature-shift", type=float, help="per-site contrast/brightness shift (0)")
-    p.add_argument(
-        "--positive-label",
-        type=int,
-        help="label value of the file that is the positive class, every other value negative "
-        "(default: 1); e.g. 0 for BreastMNIST's malignant class",
-    )
-    p.add_argument(
-        "--classes",
-        type=int,
-        help="a multi-class .npz label column's number of classes, with --positive-label "
-        "(that class against the rest); default: binary, any value but 0 or 1 refused",
-    )
-    p.add_argument(
-        "--positive-class",
-        help="the positive class's name in cards, evaluations and the dashboard, e.g. malignant "
-        "(default: derived, 'label == V' or the finding column's name)",
-    )
-    p.add_argument("--uncertain", help="CheXpert -1 labels become: zeros (default), ones, ignore")
-    p.add_argument("--frontal-only", action="store_true", default=None, help="frontal views only")
-    p.add_argument(
-        "--aspect",
-        choices=("pad", "crop", "stretch"),
-        help="non-square image files become square by: pad (default; black borders), crop "
-        "(centred square) or stretch",
-    )
-    p.add_argument(
-        "--skip-bad-images",
-        action="store_true",
-        default=None,
-        help="skip unreadable images with a warning (count in the data card) instead of failing",
-    )
+    """--data and the options that say how to read and split it (data-card, evaluate)."""
+    add_option_flags(p, DATA_READING)
 
 
 def add_data_card_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,16 +40,12 @@ def add_data_card_parser(sub: argparse._SubParsersAction) -> None:
 
 def data_options(args: argparse.Namespace) -> dict[str, Any]:
     """The data flags as ``load_sites``/``load_pool`` keywords, unset ones at their defaults."""
-    return {
-        "feature_shift": args.feature_shift or 0.0,
-        "uncertain": args.uncertain or "zeros",
-        "frontal_only": bool(args.frontal_only),
-        "skip_bad_images": bool(args.skip_bad_images),
-        "positive_label": args.positive_label,
-        "classes": getattr(args, "classes", None),
-        "aspect": args.aspect or "pad",
-        "positive_class": getattr(args, "positive_class", None),
-    }
+    declared = declared_options(ExperimentConfig)
+    options = {}
+    for name in DATA_READING[2:]:  # --data and --partition are load_sites' own arguments
+        value = getattr(args, name, None)
+        options[name] = declared[name][0].default if value is None else value
+    return options
 
 
 def num_sites(args: argparse.Namespace, default: int) -> int | None:

@@ -10,43 +10,23 @@ import math
 from typing import Any
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
-from fed_auc.algorithms.base import validate_positive
 from fed_auc.algorithms.partial import parse_budget
 from fed_auc.coordinator.robust import Aggregation
-from fed_auc.coordinator.selection import parse_select
-from fed_auc.data.augment import AUGMENTATIONS
-from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.labels import (
     validate_classes,
     validate_positive_class,
     validate_positive_label,
 )
-from fed_auc.data.partition import parse_partition
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import MAX_SITES as MAX_SYNTHETIC_SITES
-from fed_auc.losses import LOSSES
-from fed_auc.models import ARCHITECTURES, NORMS
-from fed_auc.node.compute import AUTO, check_device, check_precision
-from fed_auc.privacy.dp_sgd import DP_MODES
-from fed_auc.tta import TTA_MODES
+from fed_auc.experiment.kinds import Integer, OneOf
+from fed_auc.experiment.option import declared_options, simulated_federation
+from fed_auc.node.compute import AUTO
 
 TRANSPORTS = ("local", "flower")
-WARMUP_HEADS = ("keep", "reset", "recenter")  # what the AUC phase starts from (warmup_head)
 # Backends whose α step is Backend.dual_lr_of: on image files their dual_lr defaults to
 # "prevalence" (η/(p(1−p)); BENCHMARKS.md, "Rare positives": it won on validation).
 PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
-# Options that describe a simulated federation (how many sites, one data set split among
-# them, how it is split and shifted): each node owns its data over Flower.
-SIMULATED_FEDERATION = (
-    "sites", "data", "partition", "data_scale", "feature_shift", "uncertain", "frontal_only",
-    "skip_bad_images", "site_memory", "site_local_steps", "site_files", "positive_label",
-    "aspect", "positive_class", "classes",
-)  # fmt: skip
-
-
-def check_choice(name: str, value: Any, choices: list[str] | tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -79,12 +59,6 @@ def check_type(name: str, value: Any, annotation: str) -> None:
     raise ValueError(f"{name} must be {annotation}, got {value!r} ({type(value).__name__})")
 
 
-def check_at_least(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if not isinstance(value, int) or value < low or (high is not None and value > high):
-        upper = f" and ≤ {high}" if high is not None else ""
-        raise ValueError(f"{name} must be an integer ≥ {low}{upper}, got {value!r}")
-
-
 class ExperimentChecks:
     """``ExperimentConfig``'s checks, as a mixin: each option validated early, alone and
     against the others, naming the option, the bad value and what was expected."""
@@ -105,25 +79,21 @@ class ExperimentChecks:
                 except ValueError as exc:
                     errors.append(exc)
             raise errors[0]
-        for f in dataclasses.fields(self):
-            check_type(f.name, getattr(self, f.name), f.type)
-        check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
-        check_choice("loss", self.loss, LOSSES)
-        check_choice("model", self.model, sorted(ARCHITECTURES))
+        for name, (f, declared) in declared_options(type(self)).items():
+            value = getattr(self, name)
+            check_type(name, value, f.type)
+            if declared is not None and declared.check is not None and value is not None:
+                declared.check(name, value)
         if ALGORITHMS[self.algorithm].needs_minimax_loss and self.loss == "ce":
             raise ValueError(
                 f"algorithm {self.algorithm!r} is a min-max AUC method: use --loss auc_margin "
                 "or auc_square (cross-entropy works with fedavg only)"
             )
-        check_choice("transport", self.transport, TRANSPORTS)
+        OneOf(TRANSPORTS)("transport", self.transport)
         self._check_compute()
         self._check_sites_option()
         synthetic = parse_data_spec(self.data).kind == "synthetic"
-        check_at_least("sites", self.sites, 1, MAX_SYNTHETIC_SITES if synthetic else None)
-        if self.partition is not None:
-            parse_partition(self.partition)
-        check_choice("uncertain", self.uncertain, list(UNCERTAIN_POLICIES))
-        check_choice("aspect", self.aspect, ["pad", "crop", "stretch"])
+        Integer(1, MAX_SYNTHETIC_SITES if synthetic else None)("sites", self.sites)
         validate_classes(self.classes, validate_positive_label(self.positive_label))
         validate_positive_class(self.positive_class)
         if synthetic and self.positive_class is not None:
@@ -136,33 +106,11 @@ class ExperimentChecks:
                 f"positive_label {self.positive_label!r} applies to file sources (--data "
                 "medmnist:PATH or csv:PATH); the synthetic federation's positives are its findings"
             )
-        parse_select(self.select or "best_val")
-        if self.augment is not None:
-            check_choice("augment", self.augment, list(AUGMENTATIONS))
-        if self.tta is not None:
-            check_choice("tta", self.tta, list(TTA_MODES))
-        check_at_least("warmup_rounds", self.warmup_rounds, 0)
-        if self.warmup_head is not None:
-            check_choice("warmup_head", self.warmup_head, WARMUP_HEADS)
         if self.warmup_head not in (None, "keep") and not self.warmup_rounds:
             raise ValueError(
                 f"warmup_head = {self.warmup_head!r} needs warmup_rounds ≥ 1 (a warm-up whose "
                 "classifier to change)"
             )
-        if not (math.isfinite(self.feature_shift) and self.feature_shift >= 0):
-            raise ValueError(f"feature_shift must be >= 0, got {self.feature_shift!r}")
-        check_at_least("rounds", self.rounds, 1)
-        check_at_least("eval_every", self.eval_every, 1)
-        check_at_least("local_steps", self.local_steps, 1)
-        check_at_least("batch_size", self.batch_size, 2)
-        check_at_least("image_size", self.image_size, 16, 512)
-        check_at_least("num_labels", self.num_labels, 1, 5)
-        if not 0 < self.participation <= 1:
-            raise ValueError(f"participation must be in (0, 1], got {self.participation!r}")
-        if not 0 <= self.min_pos_fraction < 1:
-            raise ValueError(f"min_pos_fraction must be in [0, 1), got {self.min_pos_fraction!r}")
-        if self.min_neg_fraction is not None and not 0 <= self.min_neg_fraction < 1:
-            raise ValueError(f"min_neg_fraction must be in [0, 1), got {self.min_neg_fraction!r}")
         floors = math.ceil(self.min_pos_fraction * self.batch_size) + math.ceil(
             (self.min_neg_fraction or 0) * self.batch_size
         )
@@ -171,8 +119,6 @@ class ExperimentChecks:
                 f"min_pos_fraction {self.min_pos_fraction!r} and min_neg_fraction "
                 f"{self.min_neg_fraction!r} floor {floors} rows of a batch of {self.batch_size}"
             )
-        if not (math.isfinite(self.data_scale) and self.data_scale > 0):
-            raise ValueError(f"data_scale must be > 0, got {self.data_scale!r}")
         if self.site_local_steps is not None and len(self.site_local_steps) != self.sites:
             raise ValueError(
                 f"site_local_steps needs one value per site ({self.sites}), "
@@ -180,10 +126,6 @@ class ExperimentChecks:
             )
         if self.site_local_steps is not None and self.local_steps_range is not None:
             raise ValueError("give site_local_steps or local_steps_range, not both")
-        self.local_work([f"site{i}" for i in range(self.sites)])  # parses the range
-        Aggregation.parse(self.aggregation)
-        if self.max_update_norm is not None:
-            validate_positive("max_update_norm", self.max_update_norm)
         self._check_dp()
         if self.site_memory is not None and not self.partial_training:
             raise ValueError("site_memory needs partial_training (--partial-training)")
@@ -247,10 +189,6 @@ class ExperimentChecks:
             )
 
     def _check_dp(self) -> None:
-        if self.dp is not None:
-            check_choice("dp", self.dp, DP_MODES)
-        if self.norm is not None:
-            check_choice("norm", self.norm, NORMS)
         if self.dp == "example" and self.norm == "batch":
             raise ValueError(
                 "norm = 'batch' cannot be used with dp = 'example': BatchNorm mixes the examples "
@@ -292,8 +230,6 @@ class ExperimentChecks:
 
     def _check_compute(self) -> None:
         """The in-process nodes' device and precision; over Flower they are each node's."""
-        check_device(self.device, "device")
-        check_precision(self.precision, "precision")
         if self.transport == "flower" and (self.device, self.precision) != (AUTO, "fp32"):
             raise ValueError(
                 f"device = {self.device!r}, precision = {self.precision!r}: over Flower each "
@@ -306,7 +242,7 @@ class ExperimentChecks:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         simulated = [
             name
-            for name in SIMULATED_FEDERATION
+            for name in simulated_federation(type(self))
             if name != "sites" and getattr(self, name) != defaults[name]
         ]
         if self.transport == "flower":

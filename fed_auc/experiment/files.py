@@ -80,8 +80,7 @@ def read_experiment_file(path: Path, command: str) -> dict[str, Any]:
 
 def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The experiment options plus a ``[flower]`` table, validated before anything starts."""
-    from fed_auc.experiment.checks import SIMULATED_FEDERATION
-    from fed_auc.experiment.config import ExperimentConfig
+    from fed_auc.experiment.config import SIMULATED_FEDERATION
 
     data = read_experiment_file(path, "coordinator")
     flower = data.pop("flower", None)
@@ -108,7 +107,7 @@ def load_experiment(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     if flower.get("certs_dir") is not None:  # relative to the config file
         flower["certs_dir"] = str((path.parent / flower["certs_dir"]).resolve())
     try:
-        config = ExperimentConfig(**data, transport="flower")
+        config = ExperimentConfig(**data, transport="flower").resolve_files()
         settings = FlowerSettings(**flower)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"fed-auc coordinator: config {path}: {exc}") from None
