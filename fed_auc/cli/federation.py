@@ -9,42 +9,40 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.cli.experiment_options import add_compute_arguments
+from fed_auc.cli.option_flags import add_option_flags
 from fed_auc.experiment.files import load_experiment, load_resumed
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("coordinator", help="run an experiment over Flower (starts the SuperLink)")
+    c = sub.add_parser(
+        "coordinator",
+        help="run an experiment over Flower (starts the SuperLink)",
+        description="The experiment's options come from --config; the option flags given here "
+        "override the file's.",
+    )
     c.add_argument("--config", type=Path, help="experiment TOML with [flower]")
     c.add_argument(
         "--resume",
         metavar="RUN_ID",
         help="continue an interrupted run from its last recorded round (its recorded options)",
     )
-    c.add_argument("--rounds", type=int, help="override the config's rounds")
-    c.add_argument("--runs-dir", help="override the config's runs_dir (with --resume: runs)")
+    add_option_flags(
+        c,
+        ("rounds", "runs_dir", "hold_out", "init"),
+        helps={"runs_dir": "where the run store and the run folders live (with --resume: runs)",
+               "init": "the starting weights the coordinator broadcasts (a registered model "
+               "folder or a DenseNet state_dict; nodes never read the file)"},
+    )  # fmt: skip
     c.add_argument(
         "--address",
         help="override [flower] address, HOST:PORT the SuperLink listens on "
         "(0.0.0.0:9092 to accept nodes from other machines)",
     )
     c.add_argument(
-        "--hold-out",
-        action="append",
-        metavar="SITE",
-        help="external validation: train without this site (repeatable); it joins, never "
-        "trains, and the exported model is scored at every site",
-    )
-    c.add_argument(
         "--leave-each-out",
         action="store_true",
         help="external validation of every site: one run with all sites, then one per site "
         "without it, on the same nodes; each site's held-out AUC beside its in-federation AUC",
-    )
-    c.add_argument(
-        "--init",
-        metavar="PATH",
-        help="override the config's init: the starting weights the coordinator broadcasts "
-        "(a registered model folder or a DenseNet state_dict; nodes never read the file)",
     )
     c.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
 
