@@ -247,7 +247,6 @@ def run_simulation(
     on_warmup_round: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federation, record it in ``config.runs_dir`` and return the JSON summary."""
-    config.resolve_files()
     transport, options = _in_process(config, None, on_run, on_warmup_round, on_round)
     return run_federation(config, transport, RunStore(config.runs_dir), **options)
 
@@ -264,7 +263,7 @@ def resume_simulation(
     equals the uninterrupted run's.
     """
     run = run_to_resume(runs_dir, run_id, "fed-auc simulate")
-    config = recorded_config(run["config"], runs_dir).resolve_files()
+    config = recorded_config(run["config"], runs_dir)
     transport, options = _in_process(config, run_id, None, on_warmup_round, on_round)
     return run_federation(config, transport, RunStore(config.runs_dir), run_id, **options)
 
@@ -278,6 +277,7 @@ def _in_process(
 ) -> tuple[InProcessSites, dict[str, Any]]:
     """The in-process sites of ``config`` and what the frame needs to know of them, checked
     before the run exists: a bad hold-out, batch size or ``--init`` file records nothing."""
+    config.resolve_files()  # the site files' kind of data and the init file, read once here
     torch.manual_seed(config.seed)
     everyone, manifest = load_in_process_sites(config)
     held_out = config.hold_out or []

@@ -55,8 +55,8 @@ class TrainingOptions:
         check=OneOf(lambda: sorted(ARCHITECTURES)),
         doc="the network (MONAI DenseNet, 1 channel); `small` is 32 init features, growth 16, "
         "blocks 4-4-4: ~3× tiny's CPU time",
-        default_doc="the `--init` file's network; else `small` for image files (the real-data "
-        "recipe), `tiny` for synthetic",
+        default_doc="`small` for image files, `tiny` for synthetic (the real-data recipe); "
+        "with `--init`, the file's network",
     )
     image_size: int = option(
         28,
