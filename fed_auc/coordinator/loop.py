@@ -26,8 +26,7 @@ from fed_auc.algorithms.base import Backend, ServerState
 from fed_auc.algorithms.partial import model_groups
 from fed_auc.coordinator.checkpoint import load_checkpoint, write_checkpoint
 from fed_auc.coordinator.errors import BudgetsSpent, FederationError
-from fed_auc.coordinator.local_work import LocalWork
-from fed_auc.coordinator.robust import Aggregation
+from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.coordinator.scores import record_scores
 from fed_auc.coordinator.screening import InvalidReply, payload_size, validate_answer
 from fed_auc.coordinator.signals import phase_signals, tensor_norm
@@ -76,39 +75,19 @@ class Coordinator:
         run_id: str,
         run_dir: str | Path,
         trainable: Trainable,
-        participation: float = 1.0,
-        seed: int = 0,
-        pooled_scoring: bool = True,
-        local_work: LocalWork | None = None,
-        max_update_norm: float | None = None,
-        aggregation: Aggregation | None = None,
+        policy: RoundPolicy | None = None,
         personal: Collection[str] = (),
-        eval_every: int = 1,
-        secure: Any = None,
-        dp_relation: str | None = None,
     ) -> None:
-        """``secure``: a ``SecureAggregation`` (fed_auc.coordinator.secure_phase): the
-        coordinator then learns only sums of the sites' replies. ``dp_relation``: the
-        neighbouring relation the sites' ε are for, recorded beside each ε."""
-        if not 0 < participation <= 1:
-            raise ValueError(f"participation must be in (0, 1], got {participation!r}")
-        if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
-            raise ValueError(f"eval_every must be an integer >= 1, got {eval_every!r}")
+        """``policy``: how each round runs (``RoundPolicy``; default: every site, every round
+        evaluated, the backend's mean). ``personal``: tensors that stay on the nodes."""
+        self.policy = policy = policy or RoundPolicy()
         self.backend = backend
         self.transport = transport
         self.store = store
         self.run_id = run_id
         self.run_dir = Path(run_dir)
-        self.participation = participation
-        self.seed = seed
-        self.pooled_scoring = pooled_scoring
-        self.local_work = local_work
-        self.max_update_norm = max_update_norm
-        self.aggregation = aggregation or Aggregation()
-        self.aggregation.check_backend(backend)
+        policy.aggregation.check_backend(backend)
         self.personal = frozenset(personal)  # tensors that stay on the nodes: never sent back
-        self.eval_every = eval_every  # rounds between evaluations (round 0 and the last always)
-        self.dp_relation = dp_relation
         self.groups = model_groups(trainable.names())  # layer groups, None for toy models
         registrations = transport.register()
         self.sites: list[str] = list(registrations)
@@ -129,11 +108,11 @@ class Coordinator:
         self._checkpoint: Future[None] | None = None
         self.privacy: dict[str, tuple[float, float]] = {}  # site: last reported (ε, δ)
         self._secure = None  # secure aggregation's runner, after its refusals by name
-        if secure is not None:  # imported only then: it loads the cryptography libraries
+        if policy.secure is not None:  # imported only then: it loads the cryptography libraries
             from fed_auc.coordinator.secure_phase import SecurePhase
 
             self._secure = SecurePhase.checked(
-                secure, self.aggregation.method, max_update_norm,
+                policy.secure, self.policy.aggregation.method, policy.max_update_norm,
                 backend, transport, registrations, personal, run_id,
             )  # fmt: skip
 
@@ -150,7 +129,7 @@ class Coordinator:
         results = [] if self.committed_round is not None else [self.evaluate_initial()]
         while self.state["round"] < rounds:
             upcoming = self.state["round"] + 1
-            due = upcoming % self.eval_every == 0 or upcoming == rounds
+            due = upcoming % self.policy.eval_every == 0 or upcoming == rounds
             try:
                 results.append(self.run_round(evaluate=due))
             except BudgetsSpent as exc:  # the run ends with the rounds it has
@@ -198,7 +177,8 @@ class Coordinator:
         signal_jobs = []  # per phase: the sites' update signals, computed in the background
         kept: dict[str, list[int]] = {}  # this round's accepted replies, [round, phase]
         for index, phase in enumerate(self.backend.phases):
-            selected = sample_sites(self.sites, self.participation, self.seed, round_, phase)
+            policy = self.policy
+            selected = sample_sites(self.sites, policy.participation, policy.seed, round_, phase)
             broadcast = self.backend.plan(self.state, round_, phase)
             broadcast.config["pos_ratio"] = self.pos_ratio
             if "local_steps" in broadcast.config:  # every site's τ_i, sampled or not
@@ -223,7 +203,7 @@ class Coordinator:
                 )
             signal_jobs.append(self._writer.submit(phase_signals, broadcast.tensors, valid))
             blocks = [self.backend.reply_blocks(reply, requests[reply.site]) for reply in valid]
-            robust = self.aggregation.apply(valid, blocks)
+            robust = self.policy.aggregation.apply(valid, blocks)
             completed = [self.backend.complete_reply(r, requests[r.site]) for r in robust]
             for reply in completed:
                 prefix = self.backend.control_delta_prefix
@@ -242,7 +222,7 @@ class Coordinator:
         for site, row in rows.items():  # ε spent so far, also where a site did not train
             if site in self.privacy:
                 row.dp_epsilon, row.dp_delta = self.privacy[site]
-                row.dp_relation = self.dp_relation
+                row.dp_relation = self.policy.dp_relation
         record.duration_s = time.perf_counter() - start
         self._finish_round(record, rows, kept)
         return record
@@ -312,9 +292,9 @@ class Coordinator:
     def _local_steps(self, site: str, broadcast: Broadcast) -> int:
         """τ_i of ``site`` in the broadcast's round: fixed, drawn or the backend's."""
         default = broadcast.config["local_steps"]
-        if self.local_work is None:
+        if self.policy.local_work is None:
             return default
-        return self.local_work.steps(site, broadcast.round, default)
+        return self.policy.local_work.steps(site, broadcast.round, default)
 
     def screen(
         self,
@@ -350,7 +330,7 @@ class Coordinator:
                     site,
                     requests[site],
                     layout,
-                    self.max_update_norm,
+                    self.policy.max_update_norm,
                     self.personal,
                     backend=self.backend,
                     registered_examples=int(self.registrations[site]["n"]),
@@ -383,7 +363,7 @@ class Coordinator:
         """Every site scores the global model; pooled test AUC when scores may leave."""
         start = time.perf_counter()
         model = self.backend.global_tensors(self.state)
-        answers = self.transport.evaluate(self.sites, model, pooled=self.pooled_scoring)
+        answers = self.transport.evaluate(self.sites, model, pooled=self.policy.pooled_scoring)
         per_label = record_scores(answers, record, rows)
         record.metrics = {
             "global_auc_per_label": per_label,

@@ -125,7 +125,7 @@ def score_model(coordinator: Any, tensors: dict[str, torch.Tensor]) -> dict[str,
     """Pooled test and validation AUC, worst-site AUC and per-site test AUC (with CI for one
     label) of a model, computed as the coordinator computes them for a round's model."""
     answers = coordinator.transport.evaluate(
-        coordinator.sites, tensors, pooled=coordinator.pooled_scoring
+        coordinator.sites, tensors, pooled=coordinator.policy.pooled_scoring
     )
     evaluations = {s: a for s, a in answers.items() if isinstance(a, Evaluation)}
     sites = {}

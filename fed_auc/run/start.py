@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.coordinator.robust import Aggregation
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
@@ -40,21 +42,21 @@ def start_coordinator(
 ) -> Coordinator:
     """The coordinator of the main run, the same for both transports; ``fixed_steps``: the
     τ_i that sites set in their own files."""
-    return Coordinator(
-        build_backend(config.algorithm, **config.backend_hyperparameters()),
-        transport,
-        store,
-        run_id,
-        run_dir,
-        server,
+    local_work = config.local_work(list(transport.register()), fixed_steps)
+    policy = round_policy(config, local_work=local_work, pooled_scoring=pooled_scoring)
+    backend = build_backend(config.algorithm, **config.backend_hyperparameters())
+    return Coordinator(backend, transport, store, run_id, run_dir, server, policy, personal)
+
+
+def round_policy(config: ExperimentConfig, **given: Any) -> RoundPolicy:
+    """How the run's rounds go, from its options (``given``: what the run settled itself)."""
+    return RoundPolicy(
         participation=config.participation,
         seed=config.seed,
-        pooled_scoring=pooled_scoring,
-        local_work=config.local_work(list(transport.register()), fixed_steps),
-        personal=personal,
+        eval_every=config.eval_every,
         max_update_norm=config.max_update_norm,
         aggregation=Aggregation.parse(config.aggregation),
         secure=secure_aggregation(config),
-        eval_every=config.eval_every,
         dp_relation=config.dp_relation(),
+        **given,
     )

@@ -12,6 +12,7 @@ import torch
 
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
@@ -60,12 +61,14 @@ def warm_start(
         warm_id,
         run_dir / "warmup",
         server,
-        participation=config.participation,
-        seed=config.seed,
-        pooled_scoring=pooled_scoring,
-        personal=personal,
-        local_work=config.local_work(list(transport.register()), fixed_steps),
-        secure=secure_aggregation(config),  # the warm-up's replies are as private
+        RoundPolicy(
+            participation=config.participation,
+            seed=config.seed,
+            pooled_scoring=pooled_scoring,
+            local_work=config.local_work(list(transport.register()), fixed_steps),
+            secure=secure_aggregation(config),  # the warm-up's replies are as private
+        ),
+        personal,
     )
     try:
         coordinator.run(config.warmup_rounds, on_round)

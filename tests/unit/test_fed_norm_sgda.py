@@ -17,6 +17,7 @@ from fed_auc.algorithms.base import model_part
 from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
 from fed_auc.coordinator.local_work import LocalWork
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.coordinator.screening import validate_reply
 from fed_auc.exchange import Reply
 from tests.support.backends import _batches, _trainable
@@ -397,7 +398,7 @@ def _coordinated(tmp_path, participation, local_work, rounds=6):
     transport.backend = backend
     coordinator = Coordinator(
         backend, transport, _NoStore(), "run", tmp_path, sites[0],
-        participation=participation, seed=3, local_work=local_work,
+        RoundPolicy(participation=participation, seed=3, local_work=local_work),
     )  # fmt: skip
     told, tau_eff = [], []
     original = backend.with_local_steps

@@ -14,6 +14,7 @@ import torch
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.checkpoint import load_checkpoint
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.coordinator.secure_phase import SecureAggregation
 from fed_auc.data.base import SiteData, Split
 from fed_auc.experiment.config import ExperimentConfig
@@ -142,7 +143,7 @@ def test_too_few_sites_with_budget_left_for_a_secure_sum_end_training(tmp_path):
     run_id = store.create_run("local_sgda", {})
     coordinator = Coordinator(
         build_backend("local_sgda", local_steps=2), LocalTransport(nodes), store, run_id,
-        tmp_path / "runs" / run_id, server, secure=SecureAggregation(),
+        tmp_path / "runs" / run_id, server, RoundPolicy(secure=SecureAggregation()),
     )  # fmt: skip
     records = coordinator.run(5)
     coordinator.close()
