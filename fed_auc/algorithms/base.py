@@ -127,6 +127,10 @@ class Backend(ABC):
     name: str = ""
     phases: tuple[str, ...] = ("train",)
     needs_minimax_loss: bool = True
+    # Whether α's step is ``dual_lr_of`` (the base's), which ``dual_lr = "prevalence"`` scales
+    # to η/(p(1−p)): the default on image files (BENCHMARKS.md, "Rare positives"). False for a
+    # backend whose α step follows its own rule (it refuses "prevalence").
+    prevalence_dual_step: bool = True
     # Why the backend cannot run under robust aggregation (centered_clip); "" = it can.
     refuses_robust_aggregation: str = ""
     # Why the backend cannot run under update-level DP clipping (dp_clip); "" = it can.

@@ -82,6 +82,7 @@ def momentum_a_norm(steps: int, momentum: float) -> float:
 
 class FedNormSGDA(Backend):
     name = "fed_norm_sgda"
+    prevalence_dual_step = False  # α's step is its own rule (validate_numeric_dual_lr)
 
     def __init__(
         self,

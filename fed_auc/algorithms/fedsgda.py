@@ -152,6 +152,7 @@ def full_gradient(
 class _FedSGDA(Backend):
     """Frameworks 1–3; subclasses supply the estimator E."""
 
+    prevalence_dual_step = False  # α's step is its own rule (validate_numeric_dual_lr)
     phases = ("collect", "update")
     uses_previous = False  # whether E needs ∇f_i(z̄_{t−1})
     # The collect phase's full local gradients do not vanish at the saddle point when sites

@@ -24,9 +24,6 @@ from fed_auc.experiment.option import declared_options, simulated_federation
 from fed_auc.node.compute import AUTO
 
 TRANSPORTS = ("local", "flower")
-# Backends whose α step is Backend.dual_lr_of: on image files their dual_lr defaults to
-# "prevalence" (η/(p(1−p)); BENCHMARKS.md, "Rare positives": it won on validation).
-PREVALENCE_DUAL_STEP = ("codasca", "coda_plus", "local_sgda", "fedavg")
 
 
 _TYPES: dict[str, tuple[type, ...]] = {

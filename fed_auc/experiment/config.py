@@ -11,9 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from fed_auc.algorithms import ALGORITHMS
 from fed_auc.algorithms.base import DUAL_LR_PREVALENCE
 from fed_auc.data.spec import parse_data_spec
-from fed_auc.experiment.checks import PREVALENCE_DUAL_STEP, ExperimentChecks, check_type
+from fed_auc.experiment.checks import ExperimentChecks, check_type
 from fed_auc.experiment.data_options import DataOptions
 from fed_auc.experiment.derived import DerivedSettings
 from fed_auc.experiment.federation_options import FederationOptions
@@ -55,7 +56,8 @@ class ExperimentConfig(
 
     def __post_init__(self) -> None:
         if self.loss is None:
-            self.loss = "ce" if self.algorithm == "fedavg" else "auc_margin"
+            backend = ALGORITHMS.get(self.algorithm)  # an unknown one is refused by name below
+            self.loss = "ce" if backend and not backend.needs_minimax_loss else "auc_margin"
         for f in dataclasses.fields(self):
             check_type(f.name, getattr(self, f.name), f.type)
         if self.site_files is not None:
@@ -125,7 +127,7 @@ class ExperimentConfig(
             self.augment = "none" if synthetic else "flip"
         if self.warmup_head is None:
             self.warmup_head = "recenter" if auc_phase and self.warmup_rounds else "keep"
-        if auc_phase and self.algorithm in PREVALENCE_DUAL_STEP:
+        if auc_phase and ALGORITHMS[self.algorithm].prevalence_dual_step:
             self.backend_options = {"dual_lr": DUAL_LR_PREVALENCE, **self.backend_options}
 
     def _accounted(self) -> bool:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.common.toy import saddle_point, toy_sites, zero_noise
-from fed_auc.algorithms import build_backend
+from fed_auc.algorithms import ALGORITHMS, build_backend
 from tests.support.backends import NO_EXTRAS, _run
 
 FAMILY = ["local_sgda", "coda_plus", "codasca"]
@@ -139,3 +139,14 @@ def test_backends_with_their_own_alpha_rule_name_the_ones_that_take_prevalence(n
         build_backend(name, dual_lr="prevalence")
     with pytest.raises(ValueError, match="dual_lr must be a finite number"):
         build_backend(name, dual_lr=-1.0)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_backend_says_whether_its_dual_step_takes_the_prevalence_and_keeps_its_word(name):
+    """``prevalence_dual_step`` is what the image-file recipe reads: a backend that claims it
+    builds with ``dual_lr = "prevalence"``, one that does not refuses it by name."""
+    if ALGORITHMS[name].prevalence_dual_step:
+        assert build_backend(name, dual_lr="prevalence").dual_lr == "prevalence"
+    else:
+        with pytest.raises(ValueError, match="'prevalence' is not available for"):
+            build_backend(name, dual_lr="prevalence")
