@@ -14,8 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
-from fed_auc.experiment.config import SIMULATED_FEDERATION
-from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.experiment.config import SIMULATED_FEDERATION, ExperimentConfig
 from fed_auc.experiment.files import load_experiment
 from fed_auc.io import load_state
 from fed_auc.metrics.auc import AUCResult
