@@ -72,13 +72,7 @@ def load_in_process_sites(config: ExperimentConfig) -> tuple[list[InProcessSite]
         num_labels=config.num_labels,
         data_scale=config.data_scale,
         feature_shift=config.feature_shift,
-        uncertain=config.uncertain,
-        frontal_only=config.frontal_only,
-        skip_bad_images=config.skip_bad_images,
-        positive_label=config.positive_label,
-        classes=config.classes,
-        aspect=config.aspect,
-        positive_class=config.positive_class,
+        reading=config.data_reading(),
     )
     synthetic = bool(config.data_is_synthetic())
     compute = Compute.of(config.device, config.precision)

@@ -54,13 +54,13 @@ from fed_auc.algorithms.partial import parse_budget
 from fed_auc.data.augment import AUGMENTATIONS
 from fed_auc.data.base import SiteData, check_name
 from fed_auc.data.cache import CACHE_FOLDER
-from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.images import validate_aspect
 from fed_auc.data.labels import (
     validate_classes,
     validate_positive_class,
     validate_positive_label,
 )
+from fed_auc.data.reading import UNCERTAIN_POLICIES
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.node.compute import AUTO as AUTO_DEVICE

@@ -4,10 +4,12 @@ data-card``: read a data set, split it into sites, write one card per site."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
 from fed_auc.cli.option_flags import add_option_flags
+from fed_auc.data.reading import DataReading
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.experiment.option import declared_options
 
@@ -38,14 +40,17 @@ def add_data_card_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def data_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The data flags as ``load_sites``/``load_pool`` keywords, unset ones at their defaults."""
-    declared = declared_options(ExperimentConfig)
-    options = {}
-    for name in DATA_READING[2:]:  # --data and --partition are load_sites' own arguments
-        value = getattr(args, name, None)
-        options[name] = declared[name][0].default if value is None else value
-    return options
+def data_option(args: argparse.Namespace, name: str) -> Any:
+    """The data flag ``name``'s value, the option's default when not given."""
+    value = getattr(args, name, None)
+    return declared_options(ExperimentConfig)[name][0].default if value is None else value
+
+
+def data_reading(args: argparse.Namespace) -> DataReading:
+    """How ``load_sites``/``load_pool`` read the data (fed_auc.data.reading): the flags of
+    the same names, unset ones at their defaults."""
+    names = [f.name for f in dataclasses.fields(DataReading)]
+    return DataReading(**{name: data_option(args, name) for name in names})
 
 
 def num_sites(args: argparse.Namespace, default: int) -> int | None:
@@ -69,7 +74,8 @@ def write_data_cards(args: argparse.Namespace) -> int:
             num_sites(args, 4),
             args.seed,
             args.image_size,
-            **data_options(args),
+            feature_shift=data_option(args, "feature_shift"),
+            reading=data_reading(args),
         )
     except ValueError as exc:
         raise SystemExit(f"fed-auc data-card: {exc}") from None

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fed_auc.cli.data import add_data_arguments, data_options, num_sites
+from fed_auc.cli.data import add_data_arguments, data_option, data_reading, num_sites
 from fed_auc.cli.experiment_options import add_compute_arguments
 from fed_auc.evaluate.job import describe, trained_sites
 
@@ -180,10 +180,8 @@ def evaluate_data(args: argparse.Namespace) -> None:
         if args.manifest is not None:
             from fed_auc.data.partition import sites_from_manifest
 
-            options = data_options(args)
-            options.pop("feature_shift")
-            options.pop("positive_class")  # the pool's name comes from the model's card
-            pool = load_pool(parse_data_spec(data), size, **options)
+            # the pool's positive class is named by the model's card (load_pool names none)
+            pool = load_pool(parse_data_spec(data), size, data_reading(args))
             try:
                 manifest = json.loads(args.manifest.read_text())
             except (OSError, json.JSONDecodeError) as exc:
@@ -197,7 +195,8 @@ def evaluate_data(args: argparse.Namespace) -> None:
                 args.seed,
                 size,
                 num_labels=len(card["label_names"]),
-                **data_options(args),
+                feature_shift=data_option(args, "feature_shift"),
+                reading=data_reading(args),
             )
         splits = site_splits(sites, args.split, args.by_site)
         results = evaluate_model(

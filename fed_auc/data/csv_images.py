@@ -22,21 +22,14 @@ import pandas as pd
 import torch
 
 from fed_auc.data.cache import CacheWriter, ImageCache, file_sha256, stat_digest
-from fed_auc.data.images import (
-    DEFAULT_ASPECT,
-    FLAGS,
-    BadImageError,
-    read_image,
-    read_image_facts,
-    validate_aspect,
-)
-from fed_auc.data.labels import positive_note, select_positive, validate_positive_label
+from fed_auc.data.images import FLAGS, BadImageError, read_image, read_image_facts
+from fed_auc.data.labels import positive_note, select_positive
 from fed_auc.data.memmap import CachedImages
 from fed_auc.data.paths import contained_paths
 from fed_auc.data.pool import SPLITS, ImagePool
+from fed_auc.data.reading import UNCERTAIN_POLICIES, DataReading
 
 CHEXPERT_FINDINGS = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
-UNCERTAIN_POLICIES = {"zeros": 0.0, "ones": 1.0, "ignore": float("nan")}
 IMAGE_COLUMNS = ("Path", "path", "image")
 SITE_COLUMNS = ("site", "Site")
 PATIENT_COLUMNS = ("patient_id", "PatientID", "patient")
@@ -52,31 +45,24 @@ def load_csv_images(
     root: str | Path | None = None,
     image_size: int = 64,
     label_columns: list[str] | None = None,
-    uncertain: str = "zeros",
-    frontal_only: bool = False,
-    skip_bad_images: bool = False,
+    reading: DataReading = DataReading(),
     site: str | None = None,
-    positive_label: int | None = None,
-    aspect: str = DEFAULT_ASPECT,
     cache: ImageCache | None = None,
     images_outside_root: bool = False,
 ) -> ImagePool:
     """Read the CSV and every image it names (relative paths start at `root`, else the CSV's
-    folder), resized to `image_size`. Errors name the CSV line, column and value. `site`:
+    folder), resized to `image_size`. Errors name the CSV line, column and value. `reading`
+    (`fed_auc.data.reading`): the uncertain policy, frontal rows only, unreadable images
+    skipped; its `positive_label` 0: the label column's 0 is the positive class (after the
+    uncertain policy), for files that code the finding of interest as 0; its `aspect`: how
+    non-square images become square (pad, crop or stretch; `fed_auc.data.images`). `site`:
     only the rows whose site column has this value (other sites' images are never read).
-    `positive_label` 0: the label column's 0 is the positive class (after the uncertain
-    policy), for files that code the finding of interest as 0. `aspect`: how non-square
-    images become square (pad, crop or stretch; `fed_auc.data.images`). `cache`: decode
-    into (or read from) this on-disk cache (`fed_auc.data.cache`) instead of memory. An image
-    path that leads outside the root is refused unless `images_outside_root`
-    (`fed_auc.data.paths`)."""
+    `cache`: decode into (or read from) this on-disk cache (`fed_auc.data.cache`) instead of
+    memory. An image path that leads outside the root is refused unless
+    `images_outside_root` (`fed_auc.data.paths`)."""
     csv_path = Path(csv_path)
-    validate_aspect(aspect)
-    positive_label = validate_positive_label(positive_label)
-    if uncertain not in UNCERTAIN_POLICIES:
-        raise ValueError(
-            f"uncertain policy must be one of {list(UNCERTAIN_POLICIES)}, got {uncertain!r}"
-        )
+    uncertain, frontal_only, aspect = reading.uncertain, reading.frontal_only, reading.aspect
+    positive_label, skip_bad_images = reading.positive_label, reading.skip_bad_images
     try:
         table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:

@@ -14,6 +14,7 @@ from fed_auc.data.base import SiteData
 from fed_auc.data.cache import ImageCache, file_sha256
 from fed_auc.data.labels import BINARY, positive_classes
 from fed_auc.data.pool import ImagePool
+from fed_auc.data.reading import DataReading
 
 KINDS = ("synthetic", "medmnist", "csv")
 
@@ -51,28 +52,26 @@ def parse_data_spec(text: str) -> DataSpec:
 def load_pool(
     spec: DataSpec,
     image_size: int,
-    uncertain: str = "zeros",
-    frontal_only: bool = False,
-    skip_bad_images: bool = False,
+    reading: DataReading = DataReading(),
     site: str | None = None,
-    positive_label: int | None = None,
-    aspect: str = "pad",
     cache: ImageCache | None = None,
     images_outside_root: bool = False,
-    classes: int | None = None,
 ) -> ImagePool:
-    """Read a file source (not synthetic) into one pool of images resized to `image_size`;
-    `site` (CSV only): just the rows of that site; `positive_label`: the label value that is
-    the positive class (fed_auc.data.labels); `aspect`: how non-square image files become
-    square (fed_auc.data.images; MedMNIST images are square). `cache`: decode the images
-    into (or read them from) this on-disk cache, so the pool's images stay on disk
-    (fed_auc.data.cache); None: in memory. ``images_outside_root`` (CSV only): accept image
-    paths that lead outside the root (fed_auc.data.paths). ``classes`` (npz only): a
-    multi-class file's number of classes (None: binary)."""
+    """Read a file source (not synthetic) into one pool of images resized to `image_size`,
+    as ``reading`` says (fed_auc.data.reading): its `positive_label` is the label value that
+    is the positive class (fed_auc.data.labels); its `aspect`: how non-square image files
+    become square (fed_auc.data.images; MedMNIST images are square); its ``classes`` (npz
+    only): a multi-class file's number of classes (None: binary); its ``positive_class`` is
+    not read here (``load_sites`` names the class). `site` (CSV only): just the rows of that
+    site. `cache`: decode the images into (or read them from) this on-disk cache, so the
+    pool's images stay on disk (fed_auc.data.cache); None: in memory.
+    ``images_outside_root`` (CSV only): accept image paths that lead outside the root
+    (fed_auc.data.paths)."""
+    classes = reading.classes
     if spec.kind == "medmnist":
         from fed_auc.data.medmnist import load_medmnist
 
-        return load_medmnist(spec.path, image_size, positive_label, cache, classes)
+        return load_medmnist(spec.path, image_size, reading.positive_label, cache, classes)
     if classes not in (None, BINARY):
         raise ValueError(
             f"classes = {classes!r} applies to .npz files; {spec.path}'s labels are 1, 0, -1 or "
@@ -85,12 +84,8 @@ def load_pool(
             spec.path,
             spec.root,
             image_size=image_size,
-            uncertain=uncertain,
-            frontal_only=frontal_only,
-            skip_bad_images=skip_bad_images,
+            reading=reading,
             site=site,
-            positive_label=positive_label,
-            aspect=aspect,
             cache=cache,
             images_outside_root=images_outside_root,
         )
@@ -106,20 +101,16 @@ def load_sites(
     num_labels: int = 1,
     data_scale: float = 1.0,
     feature_shift: float = 0.0,
-    uncertain: str = "zeros",
-    frontal_only: bool = False,
-    skip_bad_images: bool = False,
-    positive_label: int | None = None,
-    aspect: str = "pad",
-    positive_class: str | list[str] | None = None,
-    classes: int | None = None,
+    reading: DataReading = DataReading(),
 ) -> tuple[list, dict | None]:
     """The sites of a run and the partition manifest (None for synthetic, whose sites are
-    the fixed hospital profiles)."""
+    the fixed hospital profiles). ``reading``: how a file source's images and labels are
+    read and its positive class named (fed_auc.data.reading); the synthetic federation
+    reads none of it and refuses a ``positive_label``."""
     spec = parse_data_spec(data)
-    if spec.kind == "synthetic" and positive_label is not None:
+    if spec.kind == "synthetic" and reading.positive_label is not None:
         raise ValueError(
-            f"positive_label {positive_label!r} applies to file sources; the synthetic "
+            f"positive_label {reading.positive_label!r} applies to file sources; the synthetic "
             "federation's positives are its findings"
         )
     if spec.kind == "synthetic":
@@ -139,20 +130,11 @@ def load_sites(
         return federation, None
     from fed_auc.data.partition import partition_pool
 
-    pool = load_pool(
-        spec,
-        image_size,
-        uncertain,
-        frontal_only,
-        skip_bad_images,
-        positive_label=positive_label,
-        aspect=aspect,
-        classes=classes,
-    )
+    pool = load_pool(spec, image_size, reading)
     sites_out, manifest = partition_pool(
         pool, partition or spec.default_partition, sites, seed, feature_shift=feature_shift
     )
-    named = positive_classes(pool.label_names, positive_label, positive_class)
+    named = positive_classes(pool.label_names, reading.positive_label, reading.positive_class)
     for site in sites_out:
         site.meta["positive_class"] = named
     return sites_out, manifest
@@ -191,18 +173,14 @@ def site_from_config(
     spec = parse_data_spec(str(table["spec"]))
     if spec.kind == "synthetic":
         raise ValueError(f"site {name!r}: [data] spec must be a file source, got 'synthetic'")
+    reading = DataReading.from_table(table)
     pool = load_pool(
         spec,
         image_size,
-        uncertain=table.get("uncertain", "zeros"),
-        frontal_only=bool(table.get("frontal_only", False)),
-        skip_bad_images=bool(table.get("skip_bad_images", False)),
+        reading,
         site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
-        positive_label=table.get("positive_label"),
-        aspect=table.get("aspect", "pad"),
         cache=None if cache_dir is None else ImageCache(cache_dir, name),
         images_outside_root=bool(table.get("images_outside_root", False)),
-        classes=table.get("classes"),
     )
     if "site" in table:  # a CSV pool holds the site's rows already
         if pool.site is None:
@@ -228,7 +206,7 @@ def site_from_config(
     )
     site.meta["data_sha256"] = file_sha256(spec.path)
     site.meta["positive_class"] = positive_classes(
-        site.label_names, table.get("positive_label"), table.get("positive_class")
+        site.label_names, reading.positive_label, reading.positive_class
     )
     site.meta["splits"] = (
         "the file's own splits"

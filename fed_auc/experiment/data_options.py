@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fed_auc.data.csv_images import UNCERTAIN_POLICIES
 from fed_auc.data.partition import parse_partition
+from fed_auc.data.reading import UNCERTAIN_POLICIES, DataReading
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.experiment.kinds import Interval, OneOf, Parsed
 from fed_auc.experiment.option import option
@@ -124,3 +124,16 @@ class DataOptions:
         "name",
         simulated=True,
     )
+
+    def data_reading(self) -> DataReading:
+        """How the loaders read the data's images and labels (fed_auc.data.reading): the
+        options of the same names."""
+        return DataReading(
+            uncertain=self.uncertain,
+            frontal_only=self.frontal_only,
+            skip_bad_images=self.skip_bad_images,
+            positive_label=self.positive_label,
+            aspect=self.aspect,
+            positive_class=self.positive_class,
+            classes=self.classes,
+        )

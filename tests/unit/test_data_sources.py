@@ -14,6 +14,7 @@ from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.images import read_image
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.data.partition import partition_pool
+from fed_auc.data.reading import DataReading
 from fed_auc.data.spec import parse_data_spec
 from tests.support.data_files import FINDINGS, write_chexpert, write_dicom, write_npz
 
@@ -50,12 +51,12 @@ def test_chexpert_csv_labels_policies_frontal_and_patients(tmp_path):
     zeros = load_csv_images(csv, image_size=16)
     assert zeros.label_names == FINDINGS and len(zeros) == 72
     assert set(zeros.site) == {"a", "b", "c"} and zeros.patient[0] == "patient00000"
-    ignore = load_csv_images(csv, image_size=16, uncertain="ignore")
-    ones = load_csv_images(csv, image_size=16, uncertain="ones")
+    ignore = load_csv_images(csv, image_size=16, reading=DataReading(uncertain="ignore"))
+    ones = load_csv_images(csv, image_size=16, reading=DataReading(uncertain="ones"))
     uncertain = torch.isnan(ignore.labels) & ~torch.isnan(zeros.labels)
     assert uncertain.any()
     assert (zeros.labels[uncertain] == 0).all() and (ones.labels[uncertain] == 1).all()
-    frontal = load_csv_images(csv, image_size=16, frontal_only=True)
+    frontal = load_csv_images(csv, image_size=16, reading=DataReading(frontal_only=True))
     assert len(frontal) == 54  # every fourth row is lateral
     pixel = read_image(tmp_path / "train/patient00000/study1/view1_frontal.png", 16)
     assert pixel.shape == (1, 16, 16) and 0 <= float(pixel.min()) <= float(pixel.max()) <= 1
@@ -124,7 +125,7 @@ def test_skip_bad_images_warns_and_the_data_card_counts_them(tmp_path):
     rows = "".join(f"ok{i % 2 + 1}.png,{i % 2},a\n" for i in range(10))
     path = _csv(tmp_path, "path,label,site\n" + rows + "bad.png,1,a\ngone.png,0,a\n")
     with pytest.warns(UserWarning, match="skipped 2 unreadable image"):
-        pool = load_csv_images(path, image_size=8, skip_bad_images=True)
+        pool = load_csv_images(path, image_size=8, reading=DataReading(skip_bad_images=True))
     assert len(pool) == 10
     sites, _ = partition_pool(pool, "natural", None)
     assert data_card(sites[0])["skipped_images"] == 2

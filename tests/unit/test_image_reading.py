@@ -16,6 +16,7 @@ from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.images import apply_window, read_image
 from fed_auc.data.memmap import gather
 from fed_auc.data.partition import partition_pool
+from fed_auc.data.reading import DataReading
 from tests.support.data_files import write_dicom, write_png, write_png16
 
 
@@ -104,12 +105,13 @@ def test_non_square_images_are_padded_by_default_or_cropped_and_the_card_says_so
     write_png(tmp_path / "square.png", 100, seed=0, size=8)
     (tmp_path / "d.csv").write_text("path,label\n" + "wide.png,1\nsquare.png,0\n" * 4)
     for aspect in ("pad", "crop"):
-        card = _card(load_csv_images(tmp_path / "d.csv", image_size=8, aspect=aspect))
+        reading = DataReading(aspect=aspect)
+        card = _card(load_csv_images(tmp_path / "d.csv", image_size=8, reading=reading))
         assert card["images"]["policy"]["aspect"] == aspect
         assert card["images"]["counts"]["non-square"] == 4
         assert f"- Non-square: {aspect}" in render_data_card(card)
     with pytest.raises(ValueError, match="aspect = 'squash'"):
-        load_csv_images(tmp_path / "d.csv", image_size=8, aspect="squash")
+        load_csv_images(tmp_path / "d.csv", image_size=8, reading=DataReading(aspect="squash"))
 
 
 def test_dicom_rescale_voi_window_and_monochrome1(tmp_path):

@@ -13,6 +13,7 @@ import torch
 from fed_auc.cli import main
 from fed_auc.data.csv_images import load_csv_images
 from fed_auc.data.medmnist import load_medmnist
+from fed_auc.data.reading import DataReading
 from fed_auc.data.spec import load_sites
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import build_model, group_of
@@ -77,8 +78,10 @@ def test_a_stray_label_in_a_binary_npz_is_refused_by_node_check(tmp_path, positi
 def test_a_stray_label_is_refused_in_process_and_a_declared_class_count_accepted(tmp_path):
     path = _stray_label(tmp_path / "m.npz", "test", 2)
     with pytest.raises(ValueError, match=r"m\.npz: test_labels row 2 column 0 has value 2"):
-        load_sites(f"medmnist:{path}", None, 2, 0, 16, positive_label=0)
-    sites, _ = load_sites(f"medmnist:{path}", None, 2, 0, 16, positive_label=0, classes=3)
+        load_sites(f"medmnist:{path}", None, 2, 0, 16, reading=DataReading(positive_label=0))
+    sites, _ = load_sites(
+        f"medmnist:{path}", None, 2, 0, 16, reading=DataReading(positive_label=0, classes=3)
+    )
     assert sum(s.test.positives()[0] for s in sites) == int(
         (np.load(path)["test_labels"] == 0).sum()
     )
@@ -87,7 +90,7 @@ def test_a_stray_label_is_refused_in_process_and_a_declared_class_count_accepted
 def test_a_stray_label_in_a_csv_is_refused_with_positive_label(tmp_path):
     path = _label_csv(tmp_path, ["0", "1", "2", "1", "0", "1"])
     with pytest.raises(ValueError, match=r"labels\.csv line 4, column 'label': label '2' is not"):
-        load_csv_images(path, image_size=16, positive_label=0)
+        load_csv_images(path, image_size=16, reading=DataReading(positive_label=0))
 
 
 def test_classes_is_checked_where_it_is_given(tmp_path):
@@ -102,7 +105,8 @@ def test_classes_is_checked_where_it_is_given(tmp_path):
         SiteDefinition.from_toml(site)
     csv_path = _label_csv(tmp_path, ["0", "1", "1", "0"])
     with pytest.raises(ValueError, match="classes = 3 applies to .npz files"):
-        load_sites(f"csv:{csv_path}", None, 1, 0, 16, positive_label=0, classes=3)
+        reading = DataReading(positive_label=0, classes=3)
+        load_sites(f"csv:{csv_path}", None, 1, 0, 16, reading=reading)
 
 
 @pytest.mark.parametrize("bad", [-1, True, "0", 0.5])
@@ -116,7 +120,7 @@ def test_positive_label_on_the_synthetic_federation_is_refused():
     with pytest.raises(ValueError, match="positive_label 0 applies to file sources"):
         ExperimentConfig(positive_label=0)
     with pytest.raises(ValueError, match="applies to file sources"):
-        load_sites("synthetic", None, 2, 0, 16, positive_label=0)
+        load_sites("synthetic", None, 2, 0, 16, reading=DataReading(positive_label=0))
 
 
 def _label_csv(root, labels):
@@ -134,19 +138,21 @@ def _label_csv(root, labels):
 
 def test_csv_positive_label_zero_swaps_the_classes_and_keeps_unknowns(tmp_path):
     path = _label_csv(tmp_path, ["0", "1", "", "1", "0", "-1"])
-    plain = load_csv_images(path, image_size=16, uncertain="ignore")
-    swapped = load_csv_images(path, image_size=16, uncertain="ignore", positive_label=0)
+    plain = load_csv_images(path, image_size=16, reading=DataReading(uncertain="ignore"))
+    swapped = load_csv_images(
+        path, image_size=16, reading=DataReading(uncertain="ignore", positive_label=0)
+    )
     known = ~torch.isnan(plain.labels)
     assert torch.equal(torch.isnan(swapped.labels), ~known)
     assert torch.equal(swapped.labels[known], 1 - plain.labels[known])
     with pytest.raises(ValueError, match=r"labels\.csv: positive_label 2 is not a label"):
-        load_csv_images(path, image_size=16, positive_label=2)
+        load_csv_images(path, image_size=16, reading=DataReading(positive_label=2))
 
 
 def test_csv_with_several_label_columns_refuses_a_positive_label(tmp_path):
     path = write_chexpert(tmp_path, per_site=4)
     with pytest.raises(ValueError, match="needs one label column, the file has 5"):
-        load_csv_images(path, image_size=16, positive_label=0)
+        load_csv_images(path, image_size=16, reading=DataReading(positive_label=0))
 
 
 def test_data_cards_name_the_positive_class_and_each_sites_imratio(tmp_path):
