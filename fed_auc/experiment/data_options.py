@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fed_auc.data.images import ASPECTS, DEFAULT_ASPECT
 from fed_auc.data.partition import parse_partition
 from fed_auc.data.reading import UNCERTAIN_POLICIES, DataReading
 from fed_auc.data.spec import parse_data_spec
 from fed_auc.experiment.kinds import Interval, OneOf, Parsed
 from fed_auc.experiment.option import option
-
-ASPECTS = ("pad", "crop", "stretch")  # how a non-square image file becomes square
 
 
 @dataclass
@@ -102,7 +101,7 @@ class DataOptions:
         simulated=True,
     )
     aspect: str = option(
-        "pad",
+        DEFAULT_ASPECT,
         help="how a non-square image file becomes square: pad (black borders), crop (centred "
         "square) or stretch",
         group="data",
