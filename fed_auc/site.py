@@ -61,7 +61,7 @@ from fed_auc.data.labels import (
     validate_positive_label,
 )
 from fed_auc.data.reading import UNCERTAIN_POLICIES
-from fed_auc.data.spec import parse_data_spec
+from fed_auc.data.spec import SITE_KEYS, parse_data_spec
 from fed_auc.data.synthetic import SiteProfile, federation_site
 from fed_auc.node.compute import AUTO as AUTO_DEVICE
 from fed_auc.node.compute import Compute, check_device, check_precision
@@ -69,10 +69,7 @@ from fed_auc.node.policy.rules import NodePolicy, parse_policy
 from fed_auc.node.setup import SiteHosting
 from fed_auc.tta import TTA_MODES
 
-DATA_KEYS = (
-    "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class", "images_outside_root", "classes",
-)  # fmt: skip
+DATA_KEYS = SITE_KEYS  # a site file's [data] table is what site_from_config reads
 NODE_KEYS = (
     "state_dir", "index", "local_steps", "threads", "memory_budget", "augment", "tta", "device",
     "precision",

@@ -57,10 +57,10 @@ def num_sites(args: argparse.Namespace, default: int) -> int | None:
     """--sites, else `default`; None for the natural partition (the data's own sites)."""
     if args.sites is not None:
         return args.sites
-    natural = args.partition == "natural" or (
-        args.partition is None and (args.data or "").startswith("csv:")
-    )
-    return None if natural else default
+    from fed_auc.data.spec import parse_data_spec
+
+    partition = args.partition or parse_data_spec(args.data or "synthetic").default_partition()
+    return None if partition == "natural" else default
 
 
 def write_data_cards(args: argparse.Namespace) -> int:
