@@ -59,7 +59,7 @@ def num_sites(args: argparse.Namespace, default: int) -> int | None:
         return args.sites
     from fed_auc.data.spec import parse_data_spec
 
-    partition = args.partition or parse_data_spec(args.data or "synthetic").default_partition()
+    partition = args.partition or parse_data_spec(args.data or "synthetic").default_partition
     return None if partition == "natural" else default
 
 
