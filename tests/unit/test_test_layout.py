@@ -49,3 +49,19 @@ def test_no_file_patches_sys_path():
         if patch.search(line) and path.name != "test_test_layout.py"
     ]
     assert not offenders
+
+
+# Test files at the top of tests/unit/ that test the repository, or a script, rather than a
+# top-level module of fed_auc named like them.
+REPOSITORY_TESTS = {"doc_links", "layout", "packaging", "test_layout", "split_medmnist"}
+
+
+def test_unit_tests_are_laid_out_like_the_package():
+    """tests/unit/X/ tests fed_auc/X/; a test at the top tests a top-level module of fed_auc
+    (test_federation: the simulation) or the repository."""
+    unit = ROOT / "tests" / "unit"
+    folders = [p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert [f for f in folders if not (ROOT / "fed_auc" / f / "__init__.py").exists()] == []
+    modules = {p.stem for p in (ROOT / "fed_auc").glob("*.py")} | {"federation"}
+    top = {p.stem.removeprefix("test_") for p in unit.glob("test_*.py")}
+    assert sorted(top - modules - REPOSITORY_TESTS) == []

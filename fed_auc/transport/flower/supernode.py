@@ -6,7 +6,8 @@ between checks for its ClientApp's reply (both hard-coded in
 evaluation message, each usually arriving while the node sleeps: up to 6 s per round of
 waiting for nothing. This entry point caps those sleeps at ``POLL_S``, shortens the waits
 between object pulls (``flower.backoff``) and is otherwise Flower's own ``flower-supernode``,
-with the same arguments. Written against the pinned Flower (tests/unit/test_flower_pin.py).
+with the same arguments. Written against the pinned Flower
+(tests/unit/transport/test_flower_pin.py).
 """
 
 from __future__ import annotations
