@@ -82,7 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     rounds = args.rounds or (6 if args.quick else 40)
     steps_range = args.local_steps_range or ("2:8" if args.quick else "2:16")
-    names = [n for n in ORDER if n in ALGORITHMS and (not args.only or n in args.only)]
+    every = [*ORDER, *sorted(set(ALGORITHMS) - set(ORDER))]  # a new backend gets its row too
+    names = [n for n in every if n in ALGORITHMS and (not args.only or n in args.only)]
     options = {"sites": args.sites, "rounds": rounds, "local_steps_range": steps_range}
     started = time.perf_counter()
     results = {}

@@ -227,7 +227,7 @@ class ExperimentChecks:
 
     def _check_compute(self) -> None:
         """The in-process nodes' device and precision; over Flower they are each node's."""
-        if self.transport == "flower" and (self.device, self.precision) != (AUTO, "fp32"):
+        if self.transport != "local" and (self.device, self.precision) != (AUTO, "fp32"):
             raise ValueError(
                 f"device = {self.device!r}, precision = {self.precision!r}: over Flower each "
                 "node's operator chooses them ([node] device and precision in its site file, "
@@ -242,7 +242,7 @@ class ExperimentChecks:
             for name in simulated_federation(type(self))
             if name != "sites" and getattr(self, name) != defaults[name]
         ]
-        if self.transport == "flower":
+        if self.transport != "local":  # the nodes own their data
             simulated += ["sites"] if self.sites != defaults["sites"] else []
             if simulated:
                 raise ValueError(
