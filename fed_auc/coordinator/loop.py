@@ -101,6 +101,7 @@ class Coordinator:
         # [round, phase] of the last reply of each site kept in a committed round
         self.accepted: dict[str, list[int]] = {}
         self.committed_round: int | None = None  # last round in the store
+        self.stopped: dict[str, Any] | None = None  # round and reason, if stopped early
         # called with each round's record after its checkpoint, before the round is recorded
         self.before_commit: Callable[[RoundRecord], None] | None = None
         # checkpoints and update signals, computed while the sites evaluate
@@ -118,9 +119,14 @@ class Coordinator:
 
     # -- the loop -----------------------------------------------------------------------
     def run(
-        self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None
+        self,
+        rounds: int,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        stop: Callable[[], str | None] | None = None,
     ) -> list[RoundRecord]:
-        """Evaluate the initial model (round 0), then train until ``rounds`` rounds are done.
+        """Evaluate the initial model (round 0), then train until ``rounds`` rounds are done,
+        or until ``stop()`` gives a reason after a round (early stopping; kept in
+        ``stopped`` and the run's events).
 
         After ``resume`` only the rounds still missing are run. With ``eval_every`` = N only
         every N-th round and the last are evaluated (the others record no AUC): evaluating
@@ -143,6 +149,11 @@ class Coordinator:
                 break
             if on_round is not None:
                 on_round(results[-1])
+            reason = None if stop is None or upcoming == rounds else stop()
+            if reason is not None:
+                self.stopped = {"round": upcoming, "reason": reason}
+                self.store.add_event(self.run_id, f"stopped after round {upcoming}: {reason}")
+                break
         self.wait_for_checkpoint()
         return results
 

@@ -30,8 +30,8 @@ DEFAULT_FILE_NEG_FLOOR = 0.25
 # on every BreastMNIST federation ("Rare positives", "The README's real-data recipe": CODASCA
 # level with FedAvg-CE at 1–2 %, 5 %, 10 % and balanced). Its screens: lr 0.1 lost 0.05
 # validation AUC against 0.2, and no warm-up was 0.02 behind 5 rounds (interval holding 0).
-SYNTHETIC_RECIPE = {"model": "tiny", "lr": 0.1, "warmup_rounds": 0}
-FILE_RECIPE = {"model": "small", "lr": 0.2, "warmup_rounds": 10}
+SYNTHETIC_RECIPE = {"model": "tiny", "lr": 0.1, "warmup_rounds": 0, "early_stop": 0}
+FILE_RECIPE = {"model": "small", "lr": 0.2, "warmup_rounds": 10, "early_stop": 10}
 
 
 @dataclass
@@ -48,9 +48,10 @@ class ExperimentConfig(
     shared data set split by ``partition``, or the ``site_files`` given) or ``flower`` (each
     node owns its data, so every option that describes a simulated federation is refused).
     Defaults that depend on the kind of data (``model``, ``lr``, ``warmup_rounds``,
-    ``warmup_head``, ``select``, ``min_neg_fraction``, ``augment``, ``dual_lr``) are filled in
-    when the kind is known: at construction for a data spec, by ``resolve_files`` for site
-    files and an ``init`` file, after the nodes register for ``flower`` (``with_data_kind``).
+    ``early_stop``, ``warmup_head``, ``select``, ``min_neg_fraction``, ``augment``, ``dual_lr``)
+    are filled in when the kind is known: at construction for a data spec, by
+    ``resolve_files`` for site files and an ``init`` file, after the nodes register for
+    ``flower`` (``with_data_kind``).
     An option given (flag or TOML key) always wins. Building a config reads no file.
     """
 
@@ -121,6 +122,8 @@ class ExperimentConfig(
             self.warmup_rounds = recipe["warmup_rounds"] if warm else 0
         if self.select is None:
             self.select = "best_val" if synthetic else DEFAULT_FILE_SELECT
+        if self.early_stop is None:
+            self.early_stop = recipe["early_stop"]
         if self.min_neg_fraction is None:
             self.min_neg_fraction = 0.0 if synthetic else DEFAULT_FILE_NEG_FLOOR
         if self.augment is None:

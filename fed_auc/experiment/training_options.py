@@ -184,6 +184,20 @@ class TrainingOptions:
         "BENCHMARKS.md, \"Rare positives\")",
         default_doc="`recenter` for image files after a warm-up into an AUC loss, else `keep`",
     )
+    early_stop: int | None = option(
+        None,
+        help="end the rounds once pooled validation AUC has not improved for N evaluations "
+        "(the warm-up's and --init's models count as the best so far; 0: never)",
+        group="recipe",
+        check=Integer(0),
+        metavar="N",
+        doc="end the run's rounds once pooled validation AUC has not improved for N "
+        "evaluations; the best so far includes the warm-up's rounds and the `--init` model, "
+        "so an AUC phase that only moves away from its warm-up stops after N evaluations "
+        "(the export then takes the warm-up's model). The card, the summary and the run's "
+        "events say after which round and why; `0` never stops early",
+        default_doc="10 for image files, 0 (off) for synthetic",
+    )
     select: str | None = option(
         None,
         help="the exported model: best_val (the round with the best validation AUC), last, or "

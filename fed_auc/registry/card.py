@@ -30,6 +30,7 @@ def render_model_card(card: dict[str, Any]) -> str:
         f"{_fmt(card.get('global_val_auc'))}); operating threshold per label "
         f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}; test-time augmentation "
         f"`{card.get('tta', 'none')}`",
+        *_stopped_line(card),
         f"- Positive class: {positive_class_text(card.get('positive_class'))} (every AUC, "
         "sensitivity and threshold on this card is for it)",
         f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
@@ -170,9 +171,42 @@ def _privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
 
 
 def _exported(card: dict[str, Any]) -> str:
+    selected = card.get("selected")
+    if selected:
+        text = selected_text(selected)
+        return f"mean of the weights of {text}" if len(selected) > 1 else text
     if card.get("averaged_rounds"):
         return f"mean of the weights of rounds {card['averaged_rounds']}"
     return f"round {card.get('selected_round', card['rounds'])}"
+
+
+STAGE_WORDS = {"initial": "the --init model", "warm-up": "warm-up", "main": ""}
+
+
+def selected_text(selected: list[dict[str, Any]]) -> str:
+    """The exported model's rounds and which stage trained them: ``round 12``, ``warm-up
+    round 7 (fedavg + ce)``, ``warm-up rounds [9, 10] (fedavg + ce) and rounds [3, 4]``."""
+    parts = []
+    for stage in ("initial", "warm-up", "main"):
+        of = [e for e in selected if e["stage"] == stage]
+        if not of:
+            continue
+        if stage == "initial":
+            parts.append("round 0 (the --init model)")
+            continue
+        rounds = [e["round"] for e in of]
+        word = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds}"
+        trained = f" ({of[0]['algorithm']} + {of[0]['loss']})" if stage == "warm-up" else ""
+        parts.append(f"{STAGE_WORDS[stage]} {word}{trained}".strip())
+    return " and ".join(parts)
+
+
+def _stopped_line(card: dict[str, Any]) -> list[str]:
+    stopped = card.get("stopped")
+    if not stopped:
+        return []
+    return [f"- Stopped early after round {stopped['round']} of {card['rounds']}: "
+            f"{stopped['reason']}"]  # fmt: skip
 
 
 def _after_warmup(card: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.coordinator.loop import Coordinator
+from fed_auc.coordinator.selection import BestModel
 from fed_auc.data.base import common_label_count
 from fed_auc.data.cards import data_record
 from fed_auc.data.labels import federation_positive_class
@@ -82,6 +83,7 @@ class OpenRun:
     run_dir: Path
     sites: RunSites
     transport: Transport  # every site, held-out ones too
+    best: BestModel  # the export's candidates, the warm-up's rounds among them
 
 
 def new_run(store: RunStore, algorithm: str, record: dict[str, Any]) -> str:
@@ -109,7 +111,7 @@ def run_federation(
     config = run.config
     with store.failure_recorded(run.run_id):
         labels = int(run.setup.model_config["num_labels"])
-        trained = train(config, run.coordinator, run.run_dir, labels, progress.round,
+        trained = train(config, run.coordinator, run.best, labels, progress.round,
                         pooled_scoring)  # fmt: skip
     summary = close_run(store, run.run_id, run.run_dir, config, run.coordinator, trained,
                         run.setup.model_config, run.sites.data_cards)  # fmt: skip
@@ -175,12 +177,13 @@ def open_federation(
         if registrations is None:  # in-process: the nodes register under the run's setup
             registrations = transport.use(setup).register()
         training = TrainingSites(transport, held_out, registrations)
+        run_dir = Path(config.runs_dir) / run_id
+        best = BestModel(run_dir, config.select, initial_candidate=config.init is not None)
         coordinator = open_run(config, store, run_id, sites, setup, start, training, resuming,
-                               pooled_scoring, progress.warmup_round)  # fmt: skip
+                               pooled_scoring, progress.warmup_round, best)  # fmt: skip
         if coordinator.committed_round is not None:
             progress.log(f"run {run_id}: resumed after round {coordinator.committed_round}")
-    run_dir = Path(config.runs_dir) / run_id
-    return OpenRun(config, coordinator, setup, store, run_id, run_dir, sites, transport)
+    return OpenRun(config, coordinator, setup, store, run_id, run_dir, sites, transport, best)
 
 
 def sites_of(
@@ -221,12 +224,13 @@ def open_run(
     resuming: bool,
     pooled_scoring: bool = True,
     on_warmup_round: Callable[[RoundRecord], None] | None = None,
+    best: BestModel | None = None,
 ) -> Coordinator:
     """Open the run ``run_id`` on its known ``sites``: the round-0 network, the warm-up
     (unless the run already has rounds), the coordinator, and the store's first rows, or
     (``resuming``) the last checkpoint. ``transport``: the training sites, registered;
     ``transport.use(setup)`` reaches their nodes running ``setup`` (the warm-up's, then the
-    run's)."""
+    run's). ``best``: the export's candidates, offered the warm-up's rounds."""
     run_dir = Path(config.runs_dir) / run_id
     model = start.model
     server = Trainable.with_loss(model, config.loss)
@@ -245,7 +249,7 @@ def open_run(
             warm_start(
                 config, model, store, run_id, run_dir, warm_transport,
                 lambda record: new_run(store, "fedavg", record), pooled_scoring, personal,
-                sites.record, sites.fixed_steps, on_warmup_round,
+                sites.record, sites.fixed_steps, on_warmup_round, best,
             )  # fmt: skip
         )
     coordinator = start_coordinator(

@@ -13,11 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from fed_auc.metrics.wording import HANLEY_MCNEIL, auc_text, class_text
+from fed_auc.registry.card import selected_text
 from fed_auc.store.records import as_float
 
 
 def exported_model(summary: dict[str, Any]) -> str | None:
-    """What the run exported, in words: ``round 7`` or ``mean of rounds [5, 6, 7]``."""
+    """What the run exported, in words: ``round 7``, ``mean of rounds [5, 6, 7]`` or, when
+    its warm-up (or ``--init``) made it, ``warm-up round 9 (fedavg + ce)``."""
+    selected = summary.get("selected")
+    if selected:
+        text = selected_text(selected)
+        return f"mean of {text}" if len(selected) > 1 else text
     averaged = summary.get("averaged_rounds")
     if averaged:
         return f"mean of rounds {list(averaged)}"

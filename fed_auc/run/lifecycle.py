@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from fed_auc.coordinator.loop import Coordinator
-from fed_auc.coordinator.selection import BestModel, track_best_model
+from fed_auc.coordinator.selection import BestModel, Stage, track_best_model
+from fed_auc.coordinator.stopping import EarlyStop
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.metrics.report import youden_threshold
@@ -26,7 +27,7 @@ from fed_auc.registry.card import (
     privacy_card,
 )
 from fed_auc.registry.export import export_model
-from fed_auc.run.headline import exported_sites
+from fed_auc.run.headline import exported_model, exported_sites
 from fed_auc.run.initial import INIT_FILE
 from fed_auc.store.records import RoundRecord, as_float
 from fed_auc.store.run_store import RunStore
@@ -74,25 +75,30 @@ class Trained:
     best: BestModel
     thresholds: list[float]
     exported: dict[str, Any]
+    stopped: dict[str, Any] | None = None  # round and reason, when --early-stop ended it
 
 
 def train(
     config: ExperimentConfig,
     coordinator: Coordinator,
-    run_dir: Path,
+    best: BestModel,
     num_labels: int,
     on_round: Callable[[RoundRecord], None] | None = None,
     thresholds: bool = True,
 ) -> Trained:
-    """Train the rounds still missing, settle the selected model, choose its thresholds and
-    score it at every site; the coordinator is closed after. ``thresholds``: whether pooled
-    validation scores may leave the sites to set the card's operating threshold (always
-    in-process; over Flower only with pooled scoring)."""
+    """Train the rounds still missing (fewer when ``--early-stop`` ends them), settle the
+    selected model among every model the run made (``best``: its warm-up's rounds are
+    already offered), choose its thresholds and score it at every site; the coordinator is
+    closed after. ``thresholds``: whether pooled validation scores may leave the sites to set
+    the card's operating threshold (always in-process; over Flower only with pooled
+    scoring)."""
     store, run_id = coordinator.store, coordinator.run_id
-    best = track_best_model(coordinator, run_dir, config.select)
+    stage = Stage("main", run_id, config.algorithm, config.loss)
+    track_best_model(coordinator, best, stage)
+    rule = EarlyStop(config.early_stop or 0)
     try:
-        coordinator.run(config.rounds, on_round)
-        best.settle(store, run_id, coordinator)
+        coordinator.run(config.rounds, on_round, lambda: rule.reason(best))
+        best.settle(store, run_id, coordinator, stage)
         chosen = []
         if thresholds:
             chosen = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
@@ -100,7 +106,7 @@ def train(
         exported = exported_evaluation(coordinator.transport, coordinator.sites, best.tensors, cut)
     finally:
         coordinator.close()
-    return Trained(best, chosen, exported)
+    return Trained(best, chosen, exported, coordinator.stopped)
 
 
 def close_run(
@@ -121,11 +127,15 @@ def close_run(
     best, thresholds, exported = trained.best, trained.thresholds, trained.exported
     summary = summarize(run_id, run_dir, config, store)
     summary["selected_round"] = best.round
-    selected = store.rounds(run_id).set_index("round", drop=False).loc[best.round].copy()
-    site_frame = store.site_rounds(run_id).query(f"round == {best.round}").copy()
-    what = f"the model of round {best.round}"
+    summary["selected"] = best.selected  # stage, run, round and validation AUC of each
+    summary["stopped"] = trained.stopped
+    latest = best.latest["stage"]  # the run whose rows hold the selected round
+    source = latest["run_id"] or run_id  # a best_model.pt kept before stages were recorded
+    selected = store.rounds(source).set_index("round", drop=False).loc[best.round].copy()
+    site_frame = store.site_rounds(source).query(f"round == {best.round}").copy()
+    what = f"the model of {exported_model(summary)}"
     if best.metrics is not None:  # an average: its own scores replace the round's
-        what = f"the mean of the models of rounds {best.rounds}"
+        what = f"the mean of the models of {exported_model(summary)}"
         summary["averaged_rounds"] = best.rounds
         for key in ("global_auc", "global_val_auc", "worst_site_auc"):
             selected[key] = best.metrics[key]
@@ -139,7 +149,9 @@ def close_run(
     )
     card["threshold"] = thresholds
     card["averaged_rounds"] = best.rounds if best.averaged else None
-    card["privacy"] = privacy_card(settings.privacy, store.site_rounds(run_id), best.round)
+    card["selected"] = best.selected
+    card["stopped"] = trained.stopped
+    card["privacy"] = privacy_card(settings.privacy, store.site_rounds(source), best.round)
     card["compute"] = compute_card(store.site_rounds(run_id))
     init = run_dir / INIT_FILE
     card["init"] = json.loads(init.read_text()) if init.is_file() else None
@@ -208,7 +220,8 @@ def summarize(
 ) -> dict[str, Any]:
     """The run's JSON summary, read back from the store (so a resumed run reports all rounds)."""
     rounds = store.rounds(run_id)
-    final = store.site_rounds(run_id).query(f"round == {config.rounds}")
+    last = int(rounds["round"].max()) if len(rounds) else config.rounds  # early stop: fewer
+    final = store.site_rounds(run_id).query(f"round == {last}")
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),

@@ -13,6 +13,7 @@ import torch
 from fed_auc.algorithms import build_backend
 from fed_auc.coordinator.loop import Coordinator
 from fed_auc.coordinator.policy import RoundPolicy
+from fed_auc.coordinator.selection import BestModel, Stage, track_best_model
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import DenseNetClassifier, group_of, model_from_config
@@ -35,6 +36,7 @@ def warm_start(
     record: dict[str, Any] | None = None,
     fixed_steps: dict[str, int] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
+    best: BestModel | None = None,
 ) -> Tensors:
     """``warmup_rounds`` rounds of fedavg + cross-entropy on the same sites, from the main
     run's initial network; the weights it ends with (``w/``, ``buf/``) start the main run.
@@ -44,7 +46,8 @@ def warm_start(
     warm-up's run in the store (``fed_auc.run.frame.new_run``). ``personal``: tensors the nodes
     keep (personal heads), as in the main run; ``fixed_steps``: the τ_i sites set in their own
     files, which the warm-up asks for as the main run does (a Flower node runs them anyway).
-    ``on_round``: told each warm-up round as it is recorded (a progress bar counts them)."""
+    ``on_round``: told each warm-up round as it is recorded (a progress bar counts them).
+    ``best``: the main run's export candidates, offered every warm-up round's model."""
     options = {**config.to_dict(), "algorithm": "fedavg", "loss": "ce", "backend_options": {}}
     hyperparameters = ExperimentConfig(**options).backend_hyperparameters()
     backend = build_backend("fedavg", **hyperparameters)
@@ -70,6 +73,8 @@ def warm_start(
         ),
         personal,
     )
+    if best is not None:
+        track_best_model(coordinator, best, Stage("warm-up", warm_id, "fedavg", "ce"))
     try:
         coordinator.run(config.warmup_rounds, on_round)
     finally:

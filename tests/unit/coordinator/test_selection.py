@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fed_auc.coordinator.selection import BEST_MODEL_FILE, BestModel, average, parse_select
+from fed_auc.coordinator.selection import (
+    BEST_MODEL_FILE,
+    BestModel,
+    Stage,
+    average,
+    parse_select,
+)
 from fed_auc.data.base import Split
 from fed_auc.data.medmnist import load_medmnist
 from fed_auc.evaluate.local import evaluate_model
@@ -18,11 +24,13 @@ from fed_auc.simulation import run_simulation
 from fed_auc.store.records import RoundRecord
 from tests.support.data_files import write_npz
 
+MAIN = Stage("main", "run", "codasca", "auc")
+
 
 def offer(best: BestModel, round_: int, val: float | None) -> None:
     """Round ``round_``'s model: every weight equals the round number."""
     tensors = {"w/x": torch.full((2,), float(round_)), "buf/n": torch.tensor([round_])}
-    best.offer(RoundRecord(round=round_, global_val_auc=val), tensors)
+    best.offer(RoundRecord(round=round_, global_val_auc=val), tensors, MAIN)
 
 
 def test_parse_select_and_bad_values_named() -> None:
