@@ -120,11 +120,15 @@ def run_one(cmd: list[str]) -> dict[str, float]:
     """Run one simulation; its validation and test AUC, wall time and load average."""
     start, load = time.perf_counter(), os.getloadavg()[0]
     summary, card = simulate(cmd)
+    selected = card.get("selected") or []
     return {
         "val_auc": card["global_val_auc"],
         "test_auc": summary["exported_auc"],
         "seconds": time.perf_counter() - start,
         "load": load,
+        # which stage made the export (a warm-up round, the run's own) and an early stop
+        "exported_from": sorted({entry["stage"] for entry in selected}),
+        "stopped_after": (card.get("stopped") or {}).get("round"),
     }
 
 
@@ -275,9 +279,26 @@ def fragment_section(
     own_recipe = " ".join(arm_recipe(federation, own[0], quick)) if own else auc
     if own_recipe != auc:
         text += f" ({', '.join(own)}: " + (f"`{own_recipe}`)" if own_recipe else "nothing)")
-    return f"#### {FEDERATIONS[federation]['title']}\n\n{text}; {note}.\n\n" + table(
-        FEDERATIONS[federation]["title"], results
+    return (
+        f"#### {FEDERATIONS[federation]['title']}\n\n{text}; {note}.\n\n"
+        + table(FEDERATIONS[federation]["title"], results)
+        + export_note(results)
     )
+
+
+def export_note(results: dict[str, dict[int, dict]]) -> str:
+    """Per contender, how many seeds exported a warm-up model and stopped early (only runs
+    that recorded it: the whole-run export and ``--early-stop`` date from 2026-11-29)."""
+    parts = []
+    for name, by_seed in results.items():
+        known = [r for r in by_seed.values() if "exported_from" in r]
+        if not known:
+            continue
+        warm = sum("warm-up" in r["exported_from"] for r in known)
+        stops = sorted(r["stopped_after"] for r in known if r["stopped_after"] is not None)
+        stopped = f", stopped early on {len(stops)} (after rounds {stops})" if stops else ""
+        parts.append(f"{name}: exported a warm-up model on {warm} of {len(known)}{stopped}")
+    return "\n\n" + "; ".join(parts) + "." if parts else ""
 
 
 if __name__ == "__main__":
