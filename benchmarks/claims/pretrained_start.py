@@ -1,4 +1,4 @@
-"""Starting a federation from earlier weights (``--init``, issue 31).
+"""Starting a federation from earlier weights (``--init``), against FedAvg-CE at equal budget.
 
 Two measurements:
 
@@ -10,9 +10,13 @@ Two measurements:
    real, their round-0 AUC is that of random weights); the registered model is the FedAvg-CE
    model of part 2, whose round-0 AUC must equal its card's test AUC.
 2. The two-stage recipe of the papers across runs, paired by seed on BreastMNIST (5 %
-   positives per site, 4 sites): CODASCA from random weights; CODASCA started with ``--init``
-   from a FedAvg-CE model an earlier federation registered (its rounds = the warm-up's); and,
-   as the reference, CODASCA with the same number of fedavg + CE warm-up rounds inside the run.
+   positives per site, 4 sites), every comparison against a FedAvg-CE control with the same
+   total rounds, local steps, export rule (``best_val:5`` over the whole run) and seeds:
+   CODASCA from random against FedAvg-CE from random (15 rounds each); CODASCA started with
+   ``--init`` from a FedAvg-CE model an earlier federation registered (5 + 15 rounds) against
+   FedAvg-CE continued from the same registered model (5 + 15) and against FedAvg-CE from
+   random for 20 rounds; CODASCA after an in-run fedavg + CE warm-up (5 + 15) against the
+   same 20 FedAvg-CE rounds. ``--early-stop 0``: every arm trains its whole budget.
 
     python -m benchmarks.claims.pretrained_start --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 \\
         --markdown benchmarks/results/pretrained_start.md
@@ -42,8 +46,22 @@ from benchmarks.rare_positives.auc_vs_ce import AUC_RECIPE, breast
 WARMUP = 5  # the FedAvg-CE rounds: registered by the earlier federation, or in-run warm-up
 ROUNDS = 15  # CODASCA's rounds in every arm
 QUICK = (2, 3)  # --quick: warm-up and CODASCA rounds
-BASE = ["--model", "tiny", "--lr", "0.8", "--select", "best_val:5"]
-ARMS = ("CODASCA from random", "CODASCA --init FedAvg-CE model", "CODASCA, in-run warm-up")
+BASE = ["--model", "tiny", "--lr", "0.8", "--select", "best_val:5", "--early-stop", "0"]
+FROM_RANDOM = "CODASCA from random"
+CE_FROM_RANDOM = "FedAvg-CE from random"
+INIT = "CODASCA --init FedAvg-CE model"
+CE_INIT = "FedAvg-CE --init FedAvg-CE model (continued)"
+WARM = "CODASCA, in-run warm-up"
+CE_TOTAL = "FedAvg-CE from random, warm-up + CODASCA rounds"
+ARMS = (FROM_RANDOM, CE_FROM_RANDOM, INIT, CE_INIT, WARM, CE_TOTAL)
+# (contender, its control at the same total rounds, local steps, export rule and seeds)
+COMPARISONS = (
+    (FROM_RANDOM, CE_FROM_RANDOM),
+    (INIT, CE_INIT),
+    (INIT, CE_TOTAL),
+    (WARM, CE_TOTAL),
+    (CE_INIT, CE_TOTAL),
+)
 
 
 def cli(runs: Path, seed: int, *options: str) -> list[str]:
@@ -54,20 +72,24 @@ def cli(runs: Path, seed: int, *options: str) -> list[str]:
 
 
 def one_seed(seed: int, root: Path, warmup: int = WARMUP, rounds: int = ROUNDS) -> dict[str, Any]:
-    """The three arms of one seed; the registered FedAvg-CE model's folder and card."""
+    """Every arm of one seed; the registered FedAvg-CE model's folder and card."""
     runs, models = root / f"runs{seed}", root / "models"
     codasca = ["--algorithm", "codasca", "--rounds", str(rounds), *AUC_RECIPE]
+    fedavg = ["--algorithm", "fedavg", "--loss", "ce", "--warmup-rounds", "0"]
     out: dict[str, Any] = {}
-    _, out[ARMS[0]] = simulate(cli(runs, seed, *codasca, "--warmup-rounds", "0"))
+    _, out[FROM_RANDOM] = simulate(cli(runs, seed, *codasca, "--warmup-rounds", "0"))
+    _, out[CE_FROM_RANDOM] = simulate(cli(runs, seed, *fedavg, "--rounds", str(rounds)))
     name = f"fedavg_ce_{seed}"
     stage1 = ["--algorithm", "fedavg", "--rounds", str(warmup), "--select", "last",
               "--register", name, "--models-dir", str(models)]  # fmt: skip
     _, out["registered"] = simulate(cli(runs, seed, *stage1))
     init = ["--init", str(models / name), "--warmup-rounds", "0"]
-    summary, out[ARMS[1]] = simulate(cli(runs, seed, *codasca, *init))
+    summary, out[INIT] = simulate(cli(runs, seed, *codasca, *init))
     out["round0"] = summary["global_auc"][0]
+    _, out[CE_INIT] = simulate(cli(runs, seed, *fedavg, "--rounds", str(rounds), *init))
     warm = ["--warmup-rounds", str(warmup), "--warmup-head", "recenter"]
-    _, out[ARMS[2]] = simulate(cli(runs, seed, *codasca, *warm))
+    _, out[WARM] = simulate(cli(runs, seed, *codasca, *warm))
+    _, out[CE_TOTAL] = simulate(cli(runs, seed, *fedavg, "--rounds", str(warmup + rounds)))
     out["model_dir"] = models / name
     return out
 
@@ -109,10 +131,14 @@ def formats(root: Path, registered: Path, seed: int) -> list[tuple[str, float, f
 
 
 def tables(
-    results: dict[int, dict], rows: list[tuple[str, float, float, Any]], warmup: int = WARMUP
+    results: dict[int, dict],
+    rows: list[tuple[str, float, float, Any]],
+    warmup: int = WARMUP,
+    rounds: int = ROUNDS,
 ) -> str:
     """The formats table, whether every --init run's round 0 equals its registered model's
-    card, and the arms' AUCs with each one's paired difference to CODASCA from random."""
+    card, the arms' AUCs, and each comparison's paired difference to its control at the same
+    total rounds."""
     lines = ["| format | load + map (s) | random init (s) | ratio | round-0 test AUC |",
              "|---|---|---|---|---|"]  # fmt: skip
     for label, load, build, auc in rows:
@@ -122,22 +148,36 @@ def tables(
     exact = all(results[s]["round0"] == results[s]["registered"]["global_auc"] for s in seeds)
     lines += ["", f"Round 0 of every `--init` run equals its registered model's card test AUC: "
               f"{'yes' if exact else 'NO'} ({len(seeds)} of {len(seeds)} seeds compared).", "",
-              "| arm | validation AUC | test AUC | Δ test vs from random [95 % CI] | per seed |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    base = [results[s][ARMS[0]]["global_auc"] for s in seeds]
+              "| arm | total rounds | validation AUC | test AUC | export from a warm-up or "
+              "--init model | per seed |", "|---|---|---|---|---|---|"]  # fmt: skip
+    budget = {FROM_RANDOM: rounds, CE_FROM_RANDOM: rounds}
     for arm in ARMS:
         test = [results[s][arm]["global_auc"] for s in seeds]
         val = [results[s][arm]["global_val_auc"] for s in seeds]
-        diff = "—"
-        if arm != ARMS[0]:
-            mean, lo, hi = paired_ci([t - b for t, b in zip(test, base, strict=True)])
-            diff = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        earlier = sum(_earlier_stage(results[s][arm]) for s in seeds)
+        total = budget.get(arm, warmup + rounds)
         per_seed = " ".join(f"{t:.3f}" for t in test)
-        lines.append(f"| {arm} | {_ms(val)} | {_ms(test)} | {diff} | {per_seed} |")
+        lines.append(f"| {arm} | {total} | {_ms(val)} | {_ms(test)} | {earlier} of "
+                     f"{len(seeds)} | {per_seed} |")  # fmt: skip
     ce = [results[s]["registered"]["global_auc"] for s in seeds]
-    lines.append(f"| (FedAvg-CE, {warmup} rounds, the registered model) | — | {_ms(ce)} | — | "
-                 + " ".join(f"{t:.3f}" for t in ce) + " |")  # fmt: skip
+    lines.append(f"| (FedAvg-CE, {warmup} rounds, the registered model) | {warmup} | — | "
+                 f"{_ms(ce)} | — | " + " ".join(f"{t:.3f}" for t in ce) + " |")  # fmt: skip
+    lines += ["", "| contender | control at the same total rounds | Δ test AUC [95 % CI] | "
+              "ahead on |", "|---|---|---|---|"]  # fmt: skip
+    for contender, control in COMPARISONS:
+        diffs = [results[s][contender]["global_auc"] - results[s][control]["global_auc"]
+                 for s in seeds]  # fmt: skip
+        mean, lo, hi = paired_ci(diffs)
+        ahead = sum(d > 0 for d in diffs)
+        lines.append(f"| {contender} | {control} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                     f"{ahead} of {len(diffs)} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _earlier_stage(card: dict[str, Any]) -> bool:
+    """Whether the export holds a model made before the run's own rounds (its warm-up's or
+    the ``--init`` model)."""
+    return any(entry["stage"] != "main" for entry in card.get("selected") or [])
 
 
 def _ms(values: list[float]) -> str:
@@ -166,10 +206,12 @@ def main(argv: list[str] | None = None) -> None:
         f"BreastMNIST, malignant positive, 4 sites at 5 % positives (imratio), tiny DenseNet, "
         f"28 px, lr 0.8, CODASCA {rounds} rounds with α's step at the prevalence; FedAvg-CE "
         f"{warmup} rounds (registered, then `--init`; or in-run with the head recentered); "
-        "export best_val:5; one torch thread per run."
+        f"FedAvg-CE controls for {rounds} rounds from random, {rounds} from the registered "
+        f"model and {warmup + rounds} from random; export best_val:5 over the whole run, no "
+        "early stop; one torch thread per run."
     )
     head = provenance(" ".join(map(str, seeds)), time.perf_counter() - started, settings)
-    emit(head + "\n\n" + tables(results, rows, warmup) + "\n", args.markdown)
+    emit(head + "\n\n" + tables(results, rows, warmup, rounds) + "\n", args.markdown)
 
 
 if __name__ == "__main__":
