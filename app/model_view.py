@@ -17,6 +17,7 @@ import pandas as pd
 from app.queries import RunData
 from app.tables import auc_header, ci_header, readable
 from fed_auc.metrics.wording import BOOTSTRAP, HANLEY_MCNEIL, interval_text
+from fed_auc.run.headline import exported_model
 
 EXPORTED = "exported"  # fed_auc.run.lifecycle.EXPORTED: the store's name for the exported model
 LAST = "last"
@@ -72,6 +73,8 @@ def choices(data: RunData) -> list[ModelChoice]:
             if averaged
             else f"round {selected} of {planned}"
         )
+        if any(entry["stage"] != "main" for entry in summary.get("selected") or []):
+            what = exported_model(summary)  # its warm-up's or --init's: named so
         job = scoring_job(data)
         method, source = (
             (HANLEY_MCNEIL, "the export's own evaluation at each site")

@@ -78,6 +78,9 @@ def body(data: RunData) -> None:
     cols[0].metric("Algorithm", run["algorithm"])
     cols[1].metric("Status", run["status"])
     cols[2].metric("Round", f"{int(rounds['round'].max())} / {data.planned_rounds or '?'}")
+    stopped = (run.get("summary") or {}).get("stopped")
+    if stopped:
+        st.caption(f"Stopped early after round {stopped['round']}: {stopped['reason']}")
     headline(data)
     if len(rounds) == 1:
         st.info("Only round 0 (the untrained model) is recorded so far.")

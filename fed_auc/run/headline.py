@@ -95,4 +95,8 @@ def summary_headline(summary: dict[str, Any]) -> str:
     """The headline of a finished run's JSON summary (``run_simulation``'s, the coordinator's)."""
     aucs = summary.get("global_auc") or []
     last = len(aucs) - 1 if aucs else None
-    return headline_text(headline(summary, last, aucs[-1] if aucs else None))
+    text = headline_text(headline(summary, last, aucs[-1] if aucs else None))
+    stopped = summary.get("stopped")
+    if stopped:  # --early-stop ended the rounds: said with the numbers it explains
+        text += f"; stopped early after round {stopped['round']}: {stopped['reason']}"
+    return text

@@ -90,12 +90,13 @@ def _has(config: dict[str, Any], values: dict[str, Any]) -> None:
 
 # -- simulate --------------------------------------------------------------------------------
 def test_the_recipes_are_the_ones_the_docs_name():
-    assert FILE_RECIPE == {"model": "small", "lr": 0.2, "warmup_rounds": 10}
-    assert SYNTHETIC_RECIPE == {"model": "tiny", "lr": 0.1, "warmup_rounds": 0}
+    assert FILE_RECIPE == {"model": "small", "lr": 0.2, "warmup_rounds": 10, "early_stop": 10}
+    assert SYNTHETIC_RECIPE == {"model": "tiny", "lr": 0.1, "warmup_rounds": 0, "early_stop": 0}
     readme = (ROOT / "docs" / "options.md").read_text()
     assert "`small` for image files, `tiny` for synthetic" in readme
     assert "0.2 for image files, 0.1 for synthetic" in readme
     assert "10 for image files" in readme
+    assert "10 for image files, 0 (off) for synthetic" in readme  # --early-stop
 
 
 def test_an_image_file_without_flags_gets_the_validated_recipe_and_synthetic_the_demos():

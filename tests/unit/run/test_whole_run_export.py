@@ -17,6 +17,7 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.models import group_of
 from fed_auc.registry.load import load_registered_model
 from fed_auc.run import start
+from fed_auc.run.headline import summary_headline
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import WEIGHT
@@ -127,6 +128,7 @@ def test_early_stop_ends_the_run_at_the_round_its_rule_names(
     assert card["stopped"] == stopped and card["selected"][0]["stage"] == "warm-up"
     text = (Path(summary["model_path"]).parent / "MODEL_CARD.md").read_text()
     assert "Stopped early after round 2 of 8" in text
+    assert f"stopped early after round 2: {stopped['reason']}" in summary_headline(summary)
 
 
 def test_an_init_start_counts_its_round_zero(npz, tmp_path, reverse_auc_phase) -> None:
