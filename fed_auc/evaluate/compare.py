@@ -112,7 +112,7 @@ def compare_models(
     level: float = 0.95,
 ) -> list[dict[str, Any]]:
     """Rows of ``fed_auc.store.comparisons``: per site (and ``pooled``, all sites' images
-    together) and label, model A's AUC minus model B's on the same images, paired."""
+    together, last) and label, model A's AUC minus model B's on the same images, paired."""
     compute = compute or Compute(torch.device("cpu"))
     scored = [
         score_sites(model, dict(sites), check_tta(card.get("tta", "none")), compute)
@@ -121,7 +121,7 @@ def compare_models(
     names = list(cards[0]["label_names"])
     positive = card_positive_class(cards[0])
     per_site = {site: (scored[0][site][0], scored[0][site][1], scored[1][site][1])
-                for site in sites}  # fmt: skip
+                for site in sorted(sites)}  # fmt: skip
     if len(per_site) > 1:
         per_site[POOLED] = tuple(np.concatenate(p) for p in zip(*per_site.values(), strict=True))
     rows = []
