@@ -48,6 +48,18 @@ def load_roc_points(run_id: str, round_: int) -> dict:
     return _roc_points(str(directory), run_id, round_, queries.store_version(directory))
 
 
+@st.cache_data(ttl=600, show_spinner=False, max_entries=32)
+def _comparisons(directory: str, run_ids: tuple[str, ...], version: float) -> pd.DataFrame:
+    return queries.comparisons(directory, list(run_ids))
+
+
+def load_comparisons(run_ids: list[str]) -> pd.DataFrame:
+    """The recorded paired comparisons between any two of ``run_ids`` (runs the viewer may
+    see: the Compare page offers no other)."""
+    directory = runs_dir()
+    return _comparisons(str(directory), tuple(run_ids), queries.store_version(directory))
+
+
 def load_runs() -> pd.DataFrame | None:
     """The runs the viewer may see (all without sign-in), or None when the runs directory
     has no store yet."""

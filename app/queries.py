@@ -301,6 +301,21 @@ def roc_points(runs_dir: str | Path, run_id: str, round_: int) -> dict[str, list
     return {site: json.loads(roc) for site, roc in zip(frame["site"], frame["roc"], strict=True)}
 
 
+def comparisons(runs_dir: str | Path, run_ids: list[str]) -> pd.DataFrame:
+    """The recorded paired comparisons (``fed-auc runs --compare``) between any two of
+    ``run_ids``: a row per pair, site and label; empty where none is (or the store predates
+    the table)."""
+    if len(run_ids) < 2 or not _has_table(runs_dir, "comparisons"):
+        return pd.DataFrame(columns=["run_a", "run_b", "site", "label"])
+    marks = ", ".join("?" for _ in run_ids)
+    return _frame(
+        runs_dir,
+        f"SELECT * FROM comparisons WHERE run_a IN ({marks}) AND run_b IN ({marks})"
+        " ORDER BY run_a, run_b, split, site = 'pooled', site, label",
+        (*run_ids, *run_ids),
+    )
+
+
 def _has_table(runs_dir: str | Path, name: str) -> bool:
     found = _frame(
         runs_dir, "SELECT name FROM sqlite_master WHERE type='table' AND name=?", (name,)

@@ -302,3 +302,32 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     if not one:
         table["positive class"] = classes
     return readable(table, dict.fromkeys(table.columns) | {"sites": 0, "rounds": 0})
+
+
+def paired_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One recorded comparison (``fed-auc runs --compare``) as read, a row per site (pooled
+    last) and label: both AUCs, A − B signed with its paired interval, p, and what it is on."""
+    many = rows["label"].nunique() > 1
+    out = pd.DataFrame(index=rows["site"].rename("site"))
+    if many:
+        out["label"] = rows["label"].to_numpy()
+    out["AUC A"] = rows["auc_a"].to_numpy()
+    out["AUC B"] = rows["auc_b"].to_numpy()
+    out["A − B"] = [MISSING if _missing(d) else f"{d:+.3f}" for d in rows["difference"]]
+    level = rows["level"].iloc[0] if len(rows) else 0.95
+    method = rows["method"].iloc[0] if len(rows) else "DeLong"
+    interval = f"{100 * level:g} % CI ({method}, paired)"
+    out[interval] = [
+        MISSING if _missing(lo) or _missing(hi) else f"{lo:+.3f} to {hi:+.3f}"
+        for lo, hi in zip(rows["lo"], rows["hi"], strict=True)
+    ]
+    out["p"] = rows["p_value"].to_numpy()
+    out["test images"] = rows["n"].to_numpy()
+    out["positives"] = rows["positives"].to_numpy()
+    out["note"] = rows["reason"].fillna("").to_numpy()
+    text = ("label", "A − B", interval, "test images", "positives", "note")
+    return readable(out, dict.fromkeys(text))
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

@@ -1,5 +1,6 @@
 """Compare: two or more runs side by side — AUC per round and per MB sent, in distinct
-colours, and the settings in which the runs differ."""
+colours, the settings in which the runs differ, and the paired AUC difference of two runs'
+exported models on the same test images where ``fed-auc runs --compare`` recorded it."""
 
 import altair as alt
 import pandas as pd
@@ -7,7 +8,7 @@ import streamlit as st
 
 from app import common
 from app.queries import RunData
-from app.tables import PALETTE, auc_header, compare_table, differing_settings
+from app.tables import PALETTE, auc_header, compare_table, differing_settings, paired_table
 
 
 def body(data: RunData) -> None:
@@ -23,9 +24,10 @@ def body(data: RunData) -> None:
     if not picked:
         st.info("Pick at least one run.")
         return
-    frames, configs, exported = [], {}, {}
+    frames, configs, exported, algorithms = [], {}, {}, {}
     for run_id in picked:
         run = common.load_run(run_id)
+        algorithms[run_id] = run.run["algorithm"]
         rounds = run.rounds[["round", "global_auc", "worst_site_auc", "cumulative_mb"]].copy()
         rounds["run"] = f"{run.run['algorithm']} · {run_id}"
         frames.append(rounds)
@@ -56,6 +58,7 @@ def body(data: RunData) -> None:
         st.caption("The runs' recorded settings are identical (a repeat, e.g. another run).")
     else:
         st.dataframe(settings, width="stretch")
+    paired_section(picked, algorithms)
     names = list(configs)
     colors = alt.Scale(domain=names, range=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
     metric = st.radio(
@@ -89,6 +92,35 @@ def body(data: RunData) -> None:
             )
         )
         col.altair_chart(chart, width="stretch")
+
+
+def paired_section(picked: list[str], algorithms: dict[str, str]) -> None:
+    """Each recorded comparison between two of the picked runs, or the command that records
+    one: computed where the test images are, never here."""
+    st.subheader("Paired difference on the same test images")
+    if len(picked) < 2:
+        st.caption("Pick two runs on the same sites and split to see their paired difference.")
+        return
+    recorded = common.load_comparisons(picked)
+    if recorded.empty:
+        a, b = picked[:2]
+        st.info(
+            f"No paired comparison of runs {a} and {b} recorded. Compute it where their test "
+            f"images are: `fed-auc runs --compare {a} {b} --runs-dir {common.runs_dir()}`"
+        )
+        return
+    for (a, b, split), rows in recorded.groupby(["run_a", "run_b", "split"], sort=False):
+        sites = sorted(set(rows["site"]) - {"pooled"})
+        classes = ", ".join(dict.fromkeys(rows["positive_class"].fillna("not recorded")))
+        st.caption(
+            f"A = {algorithms[a]} run {a}, B = {algorithms[b]} run {b}: exported models on the "
+            f"{split} split of {len(sites)} site(s) ({', '.join(sites)}), positive class "
+            f"{classes}. "
+            "A − B is AUC A minus AUC B on the same test images, with its paired interval; "
+            "pooled: all these sites' test images together. Recorded by `fed-auc runs "
+            "--compare`."
+        )
+        st.dataframe(paired_table(rows), width="stretch")
 
 
 common.page(body)

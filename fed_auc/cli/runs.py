@@ -19,9 +19,22 @@ def add_runs_parser(sub: argparse._SubParsersAction) -> None:
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
     runs.add_argument("--json", action="store_true")
+    runs.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="two runs on the same sites and split: each site's and the pooled AUC difference "
+        "of their exported models on the same test images, with DeLong's paired 95 %% interval "
+        "(recorded for the dashboard's Compare page)",
+    )
 
 
 def runs_command(args: argparse.Namespace) -> int:
+    if args.compare:
+        from fed_auc.cli.compare import compare_command
+
+        compare_command(args.runs_dir, *args.compare, args.json)
+        return 0
     list_runs(args.runs_dir, args.json)
     return 0
 

@@ -56,12 +56,7 @@ def evaluate_model(
             )
     thresholds = list(card.get("threshold") or [0.5] * num)
     compute = compute or Compute(torch.device("cpu"))
-    model.to(compute.device)
-    with compute.autocast():
-        scored = {
-            site: (split.labels.numpy(), predict(model, split.images, tta))
-            for site, split in sites.items()
-        }
+    scored = score_sites(model, sites, tta, compute)
     if len(scored) > 1:
         scored[POOLED] = tuple(
             np.concatenate(parts) for parts in zip(*scored.values(), strict=True)
@@ -78,6 +73,19 @@ def evaluate_model(
         results["pooled_from_bins"] = pooled_binned(results["sites"], names, n_boot, seed)
     results["worst_site_auc"] = worst_site_auc(results["sites"], names)
     return results
+
+
+def score_sites(
+    model: DenseNetClassifier, sites: dict[str, Split], tta: str, compute: Compute
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per site, its (N, L) labels and the model's (N, L) scores with ``tta``: the one way a
+    registered model is scored here (``evaluate_model``, ``fed_auc.evaluate.compare``)."""
+    model.to(compute.device)
+    with compute.autocast():
+        return {
+            site: (split.labels.numpy(), predict(model, split.images, tta))
+            for site, split in sites.items()
+        }
 
 
 def pooled_binned(

@@ -180,6 +180,62 @@ def test_compare_puts_runs_side_by_side_per_round_and_per_mb(monkeypatch, store_
     assert float(table["MB sent"].iloc[1]) == pytest.approx(2 * float(table["MB sent"].iloc[0]))
 
 
+def _paired_rows():
+    """A comparison as ``fed-auc runs --compare`` records it: each site, then pooled; east has
+    no positives."""
+    rows = []
+    for i, site in enumerate([*SITES, "pooled"]):
+        auc_a, auc_b = 0.70 + 0.02 * i, 0.66 + 0.01 * i
+        defined = site != "east"
+        rows.append({
+            "site": site, "label": "finding", "positive_class": "finding present",
+            "auc_a": auc_a if defined else None, "auc_b": auc_b if defined else None,
+            "difference": auc_a - auc_b if defined else None,
+            "lo": auc_a - auc_b - 0.05 if defined else None,
+            "hi": auc_a - auc_b + 0.05 if defined else None, "se": 0.025 if defined else None,
+            "p_value": 0.2 if defined else None, "level": 0.95, "n": 60 + i,
+            "positives": 12 + i if defined else 0, "method": "DeLong",
+            "reason": "" if defined else "AUC undefined: no positives",
+        })  # fmt: skip
+    return rows
+
+
+def test_compare_shows_a_recorded_paired_difference_else_the_command_that_records_it(
+    monkeypatch, tmp_path
+):
+    fill(tmp_path)
+    picked = ["run-complete", "run-other"]
+    at = open_page(monkeypatch, tmp_path, "compare", "run-complete")
+    at.multiselect(key="compare_runs").set_value(picked).run()
+    assert "Paired difference on the same test images" in texts(at)
+    command = f"`fed-auc runs --compare run-complete run-other --runs-dir {tmp_path}`"
+    assert command in "\n".join(str(i.value) for i in at.info)
+
+    rows = _paired_rows()
+    with RunStore(tmp_path) as store:
+        store.record_comparison("run-complete", "run-other", "test", rows)
+    at = open_page(monkeypatch, tmp_path, "compare", "run-complete")
+    at.multiselect(key="compare_runs").set_value(picked).run()
+    assert not at.exception and command not in texts(at)
+    (table,) = [d.value for d in at.dataframe if "A − B" in d.value.columns]
+    assert list(table.index) == sorted(SITES) + ["pooled"]
+    for row in rows:
+        shown = table.loc[row["site"]]
+        assert shown["test images"] == str(row["n"]) and shown["positives"] == str(row["positives"])
+        if row["auc_a"] is None:
+            assert shown["AUC A"] == shown["A − B"] == "—"
+            assert shown["note"] == "AUC undefined: no positives"
+            continue
+        assert shown["AUC A"] == f"{row['auc_a']:.3f}" and shown["AUC B"] == f"{row['auc_b']:.3f}"
+        assert shown["A − B"] == f"{row['difference']:+.3f}"
+        assert shown["95 % CI (DeLong, paired)"] == f"{row['lo']:+.3f} to {row['hi']:+.3f}"
+    caption = (
+        "A = codasca run run-complete, B = fedavg run run-other: exported models on the test "
+        "split of 4 site(s) (east, north, south, west), positive class finding present"
+    )
+    assert caption in texts(at)
+
+
 def test_roc_last_round_view_starts_at_the_cards_threshold(monkeypatch, store_dir):
     at = open_page(monkeypatch, store_dir, "roc", "run-complete")
     at.radio(key="roc_model").set_value("Last round (2 of 2)").run()

@@ -88,3 +88,28 @@ def test_a_round_that_fails_midway_leaves_no_partial_rows(tmp_path):
 def test_unknown_run_is_a_clear_error(tmp_path):
     with RunStore(tmp_path) as store, pytest.raises(KeyError, match="no run 'nope'"):
         store.run("nope")
+
+
+def test_a_comparison_replaces_the_last_of_the_same_runs_and_an_older_store_gains_the_table(
+    tmp_path,
+):
+    with RunStore(tmp_path) as store:
+        a = store.create_run("codasca", {})
+        b = store.create_run("fedavg", {})
+    conn = sqlite3.connect(tmp_path / STORE_FILE)  # a store written before the table
+    conn.execute("DROP TABLE comparisons")
+    conn.commit()
+    conn.close()
+    row = {"site": "east", "label": "finding", "positive_class": "finding", "auc_a": 0.8,
+           "auc_b": 0.7, "difference": 0.1, "lo": 0.02, "hi": 0.18, "se": 0.04,
+           "p_value": 0.01, "level": 0.95, "n": 50, "positives": 10,
+           "method": "DeLong"}  # fmt: skip
+    with RunStore(tmp_path) as store:
+        assert store.comparisons(a, b).empty
+        store.record_comparison(a, b, "test", [row, {**row, "site": "pooled"}])
+        store.record_comparison(a, b, "test", [{**row, "difference": 0.05}])
+        stored = store.comparisons(a, b)
+        assert store.comparisons(b, a).empty  # A against B is not B against A
+    assert stored["site"].tolist() == ["east"] and stored["difference"].tolist() == [0.05]
+    first = stored.iloc[0]
+    assert [first["run_a"], first["run_b"], first["split"]] == [a, b, "test"]
