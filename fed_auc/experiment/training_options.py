@@ -207,8 +207,12 @@ class TrainingOptions:
         doc="the exported model: `best_val` (round with the best pooled validation AUC), "
         "`last`, or the mean of the weights of the K best-validation rounds (`best_val:K`) or "
         "of the last K rounds (`last:K`); an average is scored by every site after the last "
-        "round and its card lists the rounds. The recipe's `best_val:5`: a 78-image "
-        "validation split picks single rounds noisily (BENCHMARKS.md)",
+        "round and its card lists the rounds. The rounds it chooses from are the whole run's: "
+        "the warm-up's fedavg + CE rounds and, with `--init`, round 0 are candidates, so an "
+        "AUC phase that never beats its warm-up on validation exports the warm-up's model, "
+        "and the card's `selected` names the stage, algorithm and loss that trained it. The "
+        "recipe's `best_val:5`: a 78-image validation split picks single rounds noisily "
+        "(BENCHMARKS.md)",
         default_doc="`best_val:5` for image files, `best_val` for synthetic",
     )
     augment: str | None = option(
