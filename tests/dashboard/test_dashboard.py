@@ -332,3 +332,20 @@ def test_dashboard_without_streamlit_says_which_extra_instead_of_printing_a_url(
     with pytest.raises(SystemExit, match=r"dashboard extra .*\[dashboard\]"):
         dashboard(Settings())
     assert "http://" not in capsys.readouterr().err
+
+
+def test_an_export_from_the_warmup_and_an_early_stop_are_named(monkeypatch, tmp_path):
+    """A run whose AUC phase never beat its warm-up exported the warm-up's model: the page
+    names that stage, and why the run stopped before its planned rounds."""
+    fill(tmp_path)
+    selected = [{"stage": "warm-up", "run_id": "run-warm", "algorithm": "fedavg", "loss": "ce",
+                 "round": 9, "val_auc": 0.9}]  # fmt: skip
+    reason = ("pooled validation AUC has not improved for 2 evaluations on 0.9000 at warm-up "
+              "round 9 (--early-stop 2)")  # fmt: skip
+    summary = {"selected_round": 9, "selected": selected, "threshold": [THRESHOLD],
+               "stopped": {"round": 2, "reason": reason}, "exported_auc": 0.61}  # fmt: skip
+    with RunStore(tmp_path) as store:
+        store.finish_run("run-complete", "completed", summary)
+    at = open_page(monkeypatch, tmp_path, "overview", "run-complete")
+    assert "Exported model (warm-up round 9 (fedavg + ce))" in [h.value for h in at.subheader]
+    assert f"Stopped early after round 2: {reason}" in [c.value for c in at.caption]
