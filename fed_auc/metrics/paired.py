@@ -111,9 +111,7 @@ def _undefined(n: int, positives: int, level: float, reason: str) -> PairedDiffe
 FIXED_EFFECT = "combined (fixed effect)"  # the name of the one row combined across sites
 
 
-def fixed_effect(
-    differences: dict[str, PairedDifference], level: float = 0.95
-) -> PairedDifference:
+def fixed_effect(differences: dict[str, PairedDifference], level: float = 0.95) -> PairedDifference:
     """The inverse-variance weighted mean of per-site paired differences (fixed effect).
 
     Where the images cannot meet (a federation), no pooled AUC exists; this combines the
