@@ -103,7 +103,7 @@ def test_the_combined_row_is_the_inverse_variance_mean_of_the_sites_differences(
     assert "fixed-effect mean" in combined["reason"] and all(s in combined["reason"] for s in SITES)
 
 
-def test_the_rows_are_recorded_under_the_models_runs_and_written(compared):
+def test_the_rows_are_recorded_under_the_models_runs_and_written(compared, capsys):
     summary, paths, _, runs = compared
     cards = [load_registered_model(paths[a])[1] for a in ("fedavg", "codasca")]
     with RunStore(runs) as store:
@@ -115,6 +115,9 @@ def test_the_rows_are_recorded_under_the_models_runs_and_written(compared):
     written = json.loads(Path(summary["files"]["test"]["json"]).read_text())
     assert written == json.loads(json.dumps(summary["comparison"]))
     assert summary["files"]["test"]["json"].endswith(COMPARISON_FILE)
+    main(["runs", "--runs-dir", str(runs)])  # the comparison's own run names what it compared
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if summary["run_id"] in x]
+    assert f"comparison job: runs {cards[0]['run_id']} (A) and {cards[1]['run_id']} (B)" in line
 
 
 def test_the_console_prints_the_lines_of_runs_compare(compared, capsys):
