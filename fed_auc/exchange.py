@@ -3,7 +3,8 @@
 The coordinator sends a ``Broadcast`` (one phase of one round) and a node answers a
 ``Reply`` whose tensors follow the phase's ``ReplyLayout``; an evaluation answers an
 ``Evaluation`` (per split: counts, AUCs, ROC points, binned scores); an evaluation job asks
-with an ``EvaluationRequest``; a node that does not answer usefully is a ``NodeFailure``.
+with an ``EvaluationRequest`` (two models compared: a ``ComparisonRequest``); a node that
+does not answer usefully is a ``NodeFailure``.
 ``MODEL_FORMAT`` names the exported model file's layout. ``Transport`` is everything a
 transport provides (in-process, Flower, or a new one): a site's answer to ``register`` is a
 ``Registration``. As MONAI's ``ExchangeObject`` and Flower's ``Message``, the message types sit
@@ -139,6 +140,25 @@ class EvaluationRequest:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class ComparisonRequest:
+    """Two models to score on the same split of every node, each as its own card says
+    (``a``, ``b``: their evaluation requests, same labels and splits); a node answers per
+    label only the paired difference of their AUCs at ``level`` (DeLong), never a score."""
+
+    a: EvaluationRequest
+    b: EvaluationRequest
+    level: float = 0.95
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a.to_dict(), "b": self.b.to_dict(), "level": self.level}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ComparisonRequest:
+        a, b = (EvaluationRequest.from_dict(values[k]) for k in ("a", "b"))
+        return cls(a, b, float(values.get("level", 0.95)))
+
+
 class Registration(TypedDict):
     """What a site registers with (``fed_auc.node.host.NodeHost.register``): aggregate counts
     of its training split and its operator's settings; never images or labels."""
@@ -202,6 +222,12 @@ class Transport(Protocol):
         self, sites: Sequence[str], request: EvaluationRequest, tensors: Tensors
     ) -> dict[str, dict[str, Any] | NodeFailure]:
         """An evaluation job (``fed_auc.evaluate.job``): each site's report, JSON only."""
+
+    def compare(
+        self, sites: Sequence[str], request: ComparisonRequest, tensors: tuple[Tensors, Tensors]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """A paired comparison (``fed_auc.evaluate.federated_compare``): each site scores
+        both models (``tensors``: A's, B's) and answers per label their paired difference."""
 
     def end(self, status: str) -> None:
         """Tell the nodes the run ended (``completed``): its result stands whatever happens."""

@@ -21,6 +21,7 @@ from fed_auc.data.partition import PARTITION_FILE
 from fed_auc.data.spec import load_sites
 from fed_auc.exchange import (
     Broadcast,
+    ComparisonRequest,
     Evaluation,
     EvaluationRequest,
     NodeFailure,
@@ -167,6 +168,11 @@ class InProcessSites:
         self, sites: Sequence[str], request: EvaluationRequest, tensors: Tensors
     ) -> dict[str, dict[str, Any] | NodeFailure]:
         return self.local.report(sites, request, tensors)
+
+    def compare(
+        self, sites: Sequence[str], request: ComparisonRequest, tensors: tuple[Tensors, Tensors]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        return self.local.compare(sites, request, tensors)
 
     def end(self, status: str) -> None:
         """Nothing to tell: the nodes end with this process."""

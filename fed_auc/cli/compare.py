@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fed_auc.data.base import Split
+from fed_auc.metrics.paired import FIXED_EFFECT
 
 PREFIX = "fed-auc runs --compare"
 
@@ -93,7 +94,7 @@ def site_test_splits(runs_dir: str, run: dict[str, Any]) -> dict[str, Split]:
 
 def comparison_lines(about: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """A header naming both runs, the split, the sites and the positive class; then a line
-    per site and label, the pooled one last."""
+    per site and label, the pooled one (or, over a federation, the combined one) last."""
     from fed_auc.metrics.wording import class_text
 
     a, b = about["run_a"], about["run_b"]
@@ -105,7 +106,7 @@ def comparison_lines(about: dict[str, Any], rows: list[dict[str, Any]]) -> list[
     ]
     many = len(about["label_names"]) > 1
     for row in rows:
-        where = "pooled" if row["site"] == "pooled" else f"site {row['site']}"
+        where = row["site"] if row["site"] in ("pooled", FIXED_EFFECT) else f"site {row['site']}"
         label = f" [{row['label']}]" if many else ""
         lines.append(f"{where}{label}: {row_text(row)}")
     return lines
@@ -115,6 +116,10 @@ def row_text(row: dict[str, Any]) -> str:
     """``AUC A 0.812 vs B 0.790, difference +0.022 [-0.010, +0.054] (DeLong, 95 %, paired on
     156 test images, 42 positive: malignant)``."""
     on = f"paired on {row['n']} test images, {row['positives']} positive: {row['positive_class']}"
+    if row["site"] == FIXED_EFFECT and row["difference"] is not None:  # no pooled AUC: none met
+        level = f"{100 * row['level']:g} %"
+        return (f"difference {row['difference']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}] "
+                f"({row['method']}, {level}, {row['reason']}; {on})")  # fmt: skip
     if row["auc_a"] is None:
         return f"{row['reason']} ({on})"
     text = f"AUC A {row['auc_a']:.3f} vs B {row['auc_b']:.3f}, difference {row['difference']:+.3f}"

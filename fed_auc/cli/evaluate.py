@@ -6,7 +6,9 @@ cut from one data set as ``simulate`` cuts them. Local, ``--site FILE``: the cal
 sites' files; each is loaded as its node loads it (the card's image size and seed, so its test
 split is the one the model was tested on). Both are scored with ``fed_auc.evaluate.local``.
 Federated, ``--federation CONFIG``: an evaluation-only run over Flower
-(``fed_auc.transport.flower.evaluation``); nothing per image leaves a node.
+(``fed_auc.transport.flower.evaluation``); nothing per image leaves a node. With
+``--compare-to B``: every node scores both models on its own test split and answers their
+paired AUC difference per label (``fed_auc.evaluate.federated_compare``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--with-val", action="store_true", help="--federation: the validation split too"
     )
+    ev.add_argument(
+        "--compare-to",
+        type=Path,
+        metavar="MODEL",
+        help="--federation: every node scores --model (A) and this model (B) on its own test "
+        "split and answers only their paired AUC difference (DeLong); recorded as "
+        "`fed-auc runs --compare` records it",
+    )
     add_compute_arguments(ev, "local scoring; not with --federation")
     ev.add_argument(
         "--runs-dir",
@@ -64,6 +74,11 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 def evaluate_command(args: argparse.Namespace) -> int:
     if args.site_files and args.federation:
         raise SystemExit("fed-auc evaluate: give --site files (local) or --federation, not both")
+    if args.compare_to is not None and args.federation is None:
+        raise SystemExit(
+            "fed-auc evaluate --compare-to compares at a federation's nodes (--federation "
+            "CONFIG); two runs whose images are here: fed-auc runs --compare A B"
+        )
     if args.federation is not None:
         if args.device is not None or args.precision is not None:
             raise SystemExit(
@@ -127,7 +142,6 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(
             "fed-auc evaluate --federation scores the test split (--with-val: also val)"
         )
-    experiment = load_experiment(args.federation, {"runs_dir": args.runs_dir})
     job = {
         "model": str(Path(args.model).resolve()),
         "splits": ["test", "val"] if args.with_val else ["test"],
@@ -135,6 +149,10 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "out": str(Path(args.out).resolve()),
     }
+    if args.compare_to is not None:
+        job.update(compare_to=str(Path(args.compare_to).resolve()), splits=["test"])
+        check_pair(args, job)
+    experiment = load_experiment(args.federation, {"runs_dir": args.runs_dir})
     runs_dir = experiment["experiment"]["runs_dir"]
     with RunStore(runs_dir) as store:
         record = {"evaluation": job, "flower": experiment["flower"], "transport": "flower"}
@@ -146,11 +164,42 @@ def evaluate_federation(args: argparse.Namespace) -> dict[str, Any]:
         summary = run_coordinator(experiment, Path(runs_dir) / "flower", echo=_stderr)
     except CoordinatorFailed as exc:  # one line: what failed (no traceback)
         raise SystemExit(f"fed-auc evaluate --federation: {exc}") from None
+    if args.compare_to is not None:
+        print_comparison(summary["comparison"])
+        print(f"comparison run {run_id}; results in {job['out']}")
+        return summary
     results = json.loads((Path(job["out"]) / "evaluation.json").read_text())
     for line in describe(results):
         print(line)
     print(f"evaluation run {run_id}; results in {job['out']}")
     return summary
+
+
+def check_pair(args: argparse.Namespace, job: dict[str, Any]) -> None:
+    """Refuse before any node is asked: a comparison on the test split only, of two models
+    with the same labels and positive class whose nodes load the same test images.
+
+    Why ``evaluate --federation --compare-to`` and not ``runs --compare --federation``: a
+    federation's comparison names models, as this command does, and runs exactly its
+    evaluation-only Flower run; the runs of the two models may live in another store."""
+    from fed_auc.evaluate.federated_compare import comparison_request
+
+    if args.with_val:
+        raise SystemExit("fed-auc evaluate --compare-to compares on the test split; no --with-val")
+    try:
+        comparison_request(job["model"], job["compare_to"])
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"fed-auc evaluate --compare-to: {exc}") from None
+
+
+def print_comparison(comparison: dict[str, Any]) -> None:
+    """The lines ``fed-auc runs --compare`` prints, then each site that did not answer."""
+    from fed_auc.cli.compare import comparison_lines
+
+    for line in comparison_lines(comparison, comparison["rows"]):
+        print(line)
+    for site, reason in comparison.get("failures", {}).items():
+        print(f"site {site} did not answer: {reason}")
 
 
 def warn_suspect_images(sites) -> None:

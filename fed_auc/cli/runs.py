@@ -72,6 +72,9 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
             }
             if run.algorithm == "evaluate":  # an evaluation job: its pooled result
                 row["evaluation"] = _pooled(jobs[jobs["run_id"] == run.id])
+                if summary and "comparison" in summary:  # two models compared at the nodes
+                    pair = summary["comparison"]
+                    row["compared"] = [pair["run_a"]["id"], pair["run_b"]["id"]]
             rows.append(row)
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -97,6 +100,9 @@ def _facts_text(row: dict[str, Any]) -> str:
 def _result_text(row: dict[str, Any]) -> str:
     if "evaluation" not in row:
         return headline_text(row)
+    if row.get("compared"):
+        a, b = row["compared"]
+        return f"comparison job: runs {a} (A) and {b} (B), rows in the comparisons table"
     if row["evaluation"] is None:
         return "evaluation job: nothing recorded"
     from fed_auc.evaluate.job import label_lines

@@ -95,13 +95,18 @@ def _difference(a: Any, b: Any) -> str:
     return f"{a!r} vs {b!r}"
 
 
-def check_cards(cards: tuple[dict[str, Any], dict[str, Any]], run_ids: tuple[str, str]) -> None:
-    """Both models must score the same labels for the same positive class."""
+def check_cards(
+    cards: tuple[dict[str, Any], dict[str, Any]], run_ids: tuple[str, str], kind: str = "runs"
+) -> None:
+    """Both models must score the same labels for the same positive class (``kind``: what
+    ``run_ids`` name, for the message)."""
     (a, b), (id_a, id_b) = cards, run_ids
     for what, get in (("labels", lambda c: list(c["label_names"])), ("positive class",
                       card_positive_class)):  # fmt: skip
         if get(a) != get(b):
-            raise ValueError(f"runs {id_a} and {id_b} score different {what}: {get(a)} vs {get(b)}")
+            raise ValueError(
+                f"{kind} {id_a} and {id_b} score different {what}: {get(a)} vs {get(b)}"
+            )
 
 
 def compare_models(

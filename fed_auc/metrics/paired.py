@@ -106,3 +106,40 @@ def paired_auc_differences(
 def _undefined(n: int, positives: int, level: float, reason: str) -> PairedDifference:
     return PairedDifference(None, None, None, None, None, None, None, n, positives, level,
                             reason=reason)  # fmt: skip
+
+
+FIXED_EFFECT = "combined (fixed effect)"  # the name of the one row combined across sites
+
+
+def fixed_effect(differences: dict[str, PairedDifference], level: float = 0.95) -> PairedDifference:
+    """The inverse-variance weighted mean of per-site paired differences (fixed effect).
+
+    Where the images cannot meet (a federation), no pooled AUC exists; this combines the
+    sites' differences instead, weighting each by 1/se². It is not a pooled AUC (``auc_a``
+    and ``auc_b`` stay None) and says which sites it covers in ``reason``. A site without an
+    interval is left out by name; sites whose se is 0 (identical ranks) combine only if they
+    all agree, with zero width."""
+    usable = {s: d for s, d in differences.items() if d.se is not None}
+    left = sorted(set(differences) - set(usable))
+    n = sum(d.n for d in (usable or differences).values())  # the images it covers
+    positives = sum(d.positives for d in (usable or differences).values())
+    about = f"fixed-effect mean of the per-site differences over {', '.join(sorted(usable))}"
+    about += f"; left out (no interval): {', '.join(left)}" if left else ""
+    if not usable:
+        return _undefined(n, positives, level, "no site has a DeLong interval to combine")
+    exact = {s: d.difference for s, d in usable.items() if d.se == 0}
+    if exact:
+        if len(exact) == len(usable) and len(set(exact.values())) == 1:
+            value = next(iter(exact.values()))
+            return PairedDifference(None, None, value, value, value, 0.0, 1.0 if value == 0
+                                    else 0.0, n, positives, level, reason=about)  # fmt: skip
+        reason = f"no fixed-effect mean: zero standard error at {', '.join(sorted(exact))}"
+        return _undefined(n, positives, level, reason)
+    weights = {s: 1.0 / d.se**2 for s, d in usable.items()}
+    total = sum(weights.values())
+    value = sum(w * usable[s].difference for s, w in weights.items()) / total
+    se = math.sqrt(1.0 / total)
+    half = NormalDist().inv_cdf(0.5 + level / 2) * se
+    p_value = math.erfc(abs(value) / se / math.sqrt(2))
+    return PairedDifference(None, None, value, value - half, value + half, se, p_value, n,
+                            positives, level, reason=about)  # fmt: skip

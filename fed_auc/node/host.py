@@ -17,9 +17,16 @@ from typing import Any
 
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_positive_class, site_summary
-from fed_auc.exchange import Broadcast, Evaluation, EvaluationRequest, Reply
+from fed_auc.exchange import (
+    Broadcast,
+    ComparisonRequest,
+    Evaluation,
+    EvaluationRequest,
+    Reply,
+)
 from fed_auc.metrics.auc import mean_auc
 from fed_auc.metrics.wording import auc_text, class_text
+from fed_auc.node.compare import site_comparison
 from fed_auc.node.compute import Compute, compute_line
 from fed_auc.node.node import Node
 from fed_auc.node.policy.guard import PolicyGuard
@@ -29,7 +36,8 @@ from fed_auc.trainable import Tensors
 
 
 class NodeHost:
-    """Answers register / train / secure / evaluate for the node it currently serves."""
+    """Answers register / train / secure / evaluate / report / compare for the node it
+    currently serves."""
 
     def __init__(
         self,
@@ -148,6 +156,27 @@ class NodeHost:
             self.guard.check_experiment(run_id, "report")
         self.guard.evaluate(data, request.splits, False, "report")
         return site_report(data, request, tensors, compute)
+
+    def compare(
+        self,
+        request: ComparisonRequest,
+        tensors: tuple[Tensors, Tensors],
+        run_id: str | None = None,
+        data: SiteData | None = None,
+        compute: Compute | None = None,
+    ) -> dict[str, Any]:
+        """A paired comparison of two models (``fed_auc.node.compare``), once the policy
+        allows what an evaluation job of each model would ask: its run, and its splits (no
+        per-image score leaves). Arguments as ``report``."""
+        if data is None:
+            node = self._current()
+            data, compute = node.site, node.compute
+        run_id = self.run_id if run_id is None else run_id
+        if run_id is not None:
+            self.guard.check_experiment(run_id, "compare")
+        for each in (request.a, request.b):
+            self.guard.evaluate(data, each.splits, False, "compare")
+        return site_comparison(data, request, tensors, compute)
 
 
 def evaluated_text(evaluation: Evaluation, site: SiteData) -> str:

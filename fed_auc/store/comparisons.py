@@ -1,7 +1,8 @@
 """The store's ``comparisons`` table: two runs' exported models scored on the same test images,
-per site (and pooled) and label, with the paired interval of their AUC difference
-(``fed_auc.evaluate.compare``). Recorded where the images are, so the dashboard, which never
-loads images, can show it; nothing per image is stored."""
+per site (and pooled, or over a federation combined) and label, with the paired interval of
+their AUC difference (``fed_auc.evaluate.compare``, ``fed_auc.evaluate.federated_compare``).
+Recorded where the images are, so the dashboard, which never loads images, can show it;
+nothing per image is stored."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from typing import Any
 
 import pandas as pd
 
+from fed_auc.metrics.paired import FIXED_EFFECT
+
 COMPARISON_SCHEMA = """
 CREATE TABLE IF NOT EXISTS comparisons (
     run_a TEXT NOT NULL REFERENCES runs(id),
     run_b TEXT NOT NULL REFERENCES runs(id),
     split TEXT NOT NULL,
-    site TEXT NOT NULL,               -- a site, or "pooled": all sites' images together
+    site TEXT NOT NULL,               -- a site, "pooled": all sites' images together, or (over
+                                      -- a federation) "combined (fixed effect)": the sites'
+                                      -- differences' inverse-variance weighted mean
     label TEXT NOT NULL,
     positive_class TEXT,              -- the class this label's AUCs are about
     auc_a REAL,
@@ -70,9 +75,10 @@ class ComparisonTables:
             )
 
     def comparisons(self, run_a: str, run_b: str, split: str = "test") -> pd.DataFrame:
-        """The recorded comparison of ``run_a`` against ``run_b`` (empty if none)."""
+        """The recorded comparison of ``run_a`` against ``run_b`` (empty if none): the sites,
+        then the pooled or combined row."""
         return self._frame(
             "SELECT * FROM comparisons WHERE run_a = ? AND run_b = ? AND split = ?"
-            " ORDER BY site = 'pooled', site, label",
-            (run_a, run_b, split),
+            " ORDER BY site = 'pooled' OR site = ?, site, label",
+            (run_a, run_b, split, FIXED_EFFECT),
         )

@@ -88,6 +88,16 @@ class LocalTransport:
 
         return {site: self._call(site, score) for site in sites}
 
+    def compare(
+        self, sites: Sequence[str], request: Any, tensors: tuple[Tensors, Tensors]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """A paired comparison of two models (``fed_auc.node.compare``) at each site."""
+
+        def pair(host: NodeHost) -> dict[str, Any]:
+            return host.compare(request, tensors)
+
+        return {site: self._call(site, pair) for site in sites}
+
     def _call(self, site: str, request):
         try:
             return request(self.hosts[site])

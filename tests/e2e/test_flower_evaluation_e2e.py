@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from fed_auc.evaluate.compare import compare_models
 from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.paired import FIXED_EFFECT
+from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
+from fed_auc.site import SiteDefinition
 from fed_auc.store.run_store import RunStore
 from fed_auc.transport.flower.processes import free_port
 from tests.support.data_files import write_npz
@@ -135,6 +139,38 @@ def test_federated_evaluate_equals_local_evaluate_on_the_same_files(federation):
     for ours_, theirs in zip(our_rows["labels"], rows["labels"], strict=True):
         ours_, theirs = json.loads(ours_)[label], json.loads(theirs)[label]
         assert ours_["n"] == theirs["n"] and ours_["auc"] == pytest.approx(theirs["auc"], abs=1e-6)
+
+
+def test_two_models_are_compared_at_the_nodes_as_they_are_compared_here(federation):
+    """`fed-auc evaluate --federation --compare-to`: each node's paired difference equals the
+    local comparison of the same two models on the same site files; the rows are recorded
+    under the models' runs, a fixed-effect row in place of a pooled one."""
+    root, files, _ = federation
+    runs = str(root / "pair")
+    paths = [
+        run_simulation(ExperimentConfig(**TRAIN, algorithm=algorithm, runs_dir=runs,
+                                        site_files=[str(f) for f in files]))["model_path"]
+        for algorithm in ("fedavg", "codasca")
+    ]  # fmt: skip
+    text = _run(root, "compare.log", "evaluate", "--model", paths[0], "--compare-to", paths[1],
+                "--federation", "federation.toml", "--out", "compared")  # fmt: skip
+    compared = json.loads((root / "compared" / "comparison.json").read_text())
+    loaded = [load_registered_model(p) for p in paths]
+    cards = (loaded[0][1], loaded[1][1])
+    tests = {}
+    for f in files:
+        site = SiteDefinition.from_toml(f)
+        tests[site.name] = site.load(cards[0]["image_size"], 1, cards[0]["seed"]).test
+    local = {r["site"]: r for r in compare_models((loaded[0][0], loaded[1][0]), cards, tests)}
+    assert [r["site"] for r in compared["rows"]] == [*sorted(SITES), FIXED_EFFECT]
+    for row in compared["rows"][:-1]:
+        for key in ("auc_a", "auc_b", "difference", "lo", "hi", "se", "p_value", "n"):
+            assert row[key] == pytest.approx(local[row["site"]][key], abs=1e-6), (row, key)
+    assert f"{FIXED_EFFECT}: difference " in text and "site pngs: AUC A " in text
+    with RunStore(root / "runs") as store:
+        recorded = store.comparisons(cards[0]["run_id"], cards[1]["run_id"])
+    assert list(recorded["site"]) == [*sorted(SITES), FIXED_EFFECT]
+    assert "comparison " in (root / "npz_a.log").read_text()  # each node scored both models
 
 
 def test_a_node_killed_mid_evaluation_is_recorded_and_the_others_report(federation):

@@ -20,6 +20,7 @@ from fed_auc.transport.flower.codec import (
     broadcast_frame,
     frame_evaluation,
     frame_reply,
+    pair_tensors,
     tensor_frame,
 )
 from fed_auc.transport.flower.worker import NodeWorker
@@ -104,6 +105,17 @@ class FlowerLikeTransport:
         for site in sites:
             answer = self._ask(site, tensor_frame(header, tensors, self.held.get(site, []), memo))
             out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["report"]
+        return out
+
+    def compare(self, sites, request, tensors):
+        """A paired comparison at each site (``FlowerTransport.compare``)."""
+        header = {"kind": "compare", "setup": self.setup, "request": request.to_dict()}
+        memo: dict[int, str] = {}
+        both = pair_tensors(tensors)
+        out = {}
+        for site in sites:
+            answer = self._ask(site, tensor_frame(header, both, self.held.get(site, []), memo))
+            out[site] = answer if isinstance(answer, NodeFailure) else answer[0]["comparison"]
         return out
 
     def end(self, status: str) -> None:

@@ -142,6 +142,26 @@ def frame_tensors(frame: Frame, cache: TensorCache | None = None) -> Tensors:
     return decode_tensors(header["index"], buffers, cache)
 
 
+# -- compare: two models in one frame ----------------------------------------------------
+PAIR = ("a/", "b/")  # the prefixes of model A's and model B's tensors in a comparison
+
+
+def pair_tensors(tensors: tuple[Tensors, Tensors]) -> Tensors:
+    """Both models' tensors as one set, each name prefixed by its model (``PAIR``)."""
+    return {f"{p}{name}": t for p, part in zip(PAIR, tensors, strict=True)
+            for name, t in part.items()}  # fmt: skip
+
+
+def unpair_tensors(tensors: Tensors) -> tuple[Tensors, Tensors]:
+    """``pair_tensors`` undone; a name with neither prefix is an error."""
+    parts: tuple[Tensors, Tensors] = ({}, {})
+    for name, tensor in tensors.items():
+        if not name.startswith(PAIR):
+            raise ValueError(f"tensor {name!r} of a comparison belongs to neither model")
+        parts[PAIR.index(name[:2])][name[2:]] = tensor
+    return parts
+
+
 # -- train ------------------------------------------------------------------------------
 def broadcast_frame(
     broadcast: Broadcast,

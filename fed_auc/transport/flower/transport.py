@@ -27,6 +27,7 @@ from fed_auc.transport.flower.codec import (
     broadcast_frame,
     frame_evaluation,
     frame_reply,
+    pair_tensors,
     tensor_frame,
 )
 from fed_auc.transport.flower.identity import SiteIdentities
@@ -162,6 +163,22 @@ class FlowerTransport:
         answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
         return {
             s: a if isinstance(a, NodeFailure) else _decode(s, lambda frame: frame[0]["report"], a)
+            for s, a in answers.items()
+        }
+
+    def compare(
+        self, sites: Sequence[str], request: Any, tensors: tuple[Tensors, Tensors]
+    ) -> dict[str, dict[str, Any] | NodeFailure]:
+        """A paired comparison (``fed_auc.node.compare``): each node scores both models
+        (one frame, ``pair_tensors``) on its own split and answers JSON only; deadline
+        ``eval_timeout_s``."""
+        header = {"kind": "compare", "setup": self.setup, "request": request.to_dict()}
+        memo: dict[int, str] = {}
+        both = pair_tensors(tensors)
+        frames = {s: tensor_frame(header, both, self.held.get(s, []), memo) for s in sites}
+        answers = self._ask(frames, "evaluate", self.settings.eval_timeout_s)
+        return {
+            s: a if isinstance(a, NodeFailure) else _decode(s, lambda f: f[0]["comparison"], a)
             for s, a in answers.items()
         }
 

@@ -18,7 +18,7 @@ import torch
 from fed_auc.data.base import SiteData
 from fed_auc.data.cards import site_positive_class
 from fed_auc.evaluate.job import label_lines
-from fed_auc.exchange import EvaluationRequest, NodeRefused
+from fed_auc.exchange import ComparisonRequest, EvaluationRequest, NodeRefused
 from fed_auc.node.build import build_node
 from fed_auc.node.host import NodeHost
 from fed_auc.node.setup import NodeSetup
@@ -30,6 +30,7 @@ from fed_auc.transport.flower.codec import (
     frame_broadcast,
     frame_tensors,
     reply_frame,
+    unpair_tensors,
 )
 
 log = logging.getLogger("fed_auc.node.node")
@@ -75,6 +76,8 @@ class NodeWorker:
             return {"site": self.site.name}, []
         if kind == "report":  # an evaluation job: the site's data, no training node needed
             return self._report(header, buffers), []
+        if kind == "compare":  # two models compared on the site's data, as a report
+            return self._compare(header, buffers), []
         self._serve(header["setup"])
         host = self.host
         if kind == "register":
@@ -105,6 +108,22 @@ class NodeWorker:
         self.echo(f"{self.site.name}: evaluation job {setup.run_id}: {shown}, "
                   f"{report['duration_s']:.1f} s")  # fmt: skip
         return {"site": self.site.name, "report": report}
+
+    def _compare(self, header: dict[str, Any], buffers: list[bytes]) -> dict[str, Any]:
+        setup = NodeSetup.from_dict(header["setup"])
+        request = ComparisonRequest.from_dict(header["request"])
+        tensors = unpair_tensors(frame_tensors((header, buffers), self._cache))
+        data, compute = self._site_data(setup), self.site.compute()
+        answer = self.host.compare(request, tensors, setup.run_id, data, compute)
+        shown = "; ".join(
+            f"{split} [{r['label']}] A − B "
+            + ("undefined" if r["difference"] is None else f"{r['difference']:+.3f}")
+            for split, rows in answer["splits"].items()
+            for r in rows
+        )
+        self.echo(f"{self.site.name}: comparison {setup.run_id}: {shown}, "
+                  f"{answer['duration_s']:.1f} s")  # fmt: skip
+        return {"site": self.site.name, "comparison": answer}
 
     def _serve(self, values: dict[str, Any]) -> None:
         """The node of this run: built on the run's first request (or after a restart)."""

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from fed_auc.metrics.paired import paired_auc_difference, paired_auc_differences
+from fed_auc.metrics.paired import (
+    FIXED_EFFECT,
+    PairedDifference,
+    fixed_effect,
+    paired_auc_difference,
+    paired_auc_differences,
+)
 
 
 def _psi(x: float, y: float) -> float:
@@ -131,3 +137,33 @@ def test_multi_label_is_one_difference_per_label():
     assert [r.difference for r in results] == [
         paired_auc_difference(labels[:, j], a[:, j], b[:, j]).difference for j in range(3)
     ]
+
+
+# -- the fixed-effect combination of sites' differences (a federation: no pooled AUC) --------
+def _site(difference: float | None, se: float | None, n: int = 20) -> PairedDifference:
+    lo = None if se is None else difference - 1.96 * se
+    hi = None if se is None else difference + 1.96 * se
+    return PairedDifference(0.8, 0.7, difference, lo, hi, se, 0.5, n, n // 4)
+
+
+def test_fixed_effect_is_the_inverse_variance_mean_and_names_its_sites():
+    sites = {"a": _site(0.10, 0.05), "b": _site(-0.02, 0.10), "c": _site(0.3, None)}
+    combined = fixed_effect(sites)
+    w = [1 / 0.05**2, 1 / 0.10**2]
+    mean = (w[0] * 0.10 + w[1] * -0.02) / sum(w)
+    se = math.sqrt(1 / sum(w))
+    assert combined.difference == pytest.approx(mean) and combined.se == pytest.approx(se)
+    z = NormalDist().inv_cdf(0.975)
+    assert (combined.lo, combined.hi) == pytest.approx((mean - z * se, mean + z * se))
+    assert combined.auc_a is None and combined.auc_b is None  # not a pooled AUC
+    assert combined.n == 40 and "over a, b" in combined.reason and "left out" in combined.reason
+    assert FIXED_EFFECT == "combined (fixed effect)"
+
+
+def test_fixed_effect_of_identical_models_is_zero_with_zero_width_and_conflicts_are_refused():
+    same = fixed_effect({"a": _site(0.0, 0.0), "b": _site(0.0, 0.0)})
+    assert (same.difference, same.lo, same.hi, same.se, same.p_value) == (0.0, 0.0, 0.0, 0.0, 1.0)
+    mixed = fixed_effect({"a": _site(0.0, 0.0), "b": _site(0.1, 0.05)})
+    assert mixed.difference is None and "zero standard error at a" in mixed.reason
+    none = fixed_effect({"a": _site(0.1, None)})
+    assert none.difference is None and "no site has a DeLong interval" in none.reason

@@ -18,7 +18,8 @@ MEMBERS = {name: member for name, member in vars(Transport).items() if not name.
 
 def test_the_protocol_declares_what_the_run_frame_asks_of_a_transport():
     assert set(MEMBERS) == {
-        "sites", "summaries", "use", "register", "train", "secure", "evaluate", "report", "end",
+        "sites", "summaries", "use", "register", "train", "secure", "evaluate", "report",
+        "compare", "end",
     }  # fmt: skip
 
 
