@@ -9,6 +9,7 @@ import pytest
 from fed_auc.data.partition import MANIFEST_FORMAT
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
+from fed_auc.registry.card import selected_text
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from tests.support.data_files import write_npz
@@ -36,19 +37,26 @@ def test_medmnist_federation_with_warmup_exports_the_best_validation_round(tmp_p
     with RunStore(tmp_path / "runs") as store:
         runs = store.runs()
         assert sorted(runs["algorithm"]) == ["codasca", "fedavg"]  # main run + its warm-up
-        rounds = store.rounds(summary["run_id"])
+        warm_id = runs.loc[runs["algorithm"] == "fedavg", "id"].iloc[0]
+        rows = {"warm-up": store.rounds(warm_id), "main": store.rounds(summary["run_id"])}
         sites = store.sites(summary["run_id"])
-    val = rounds.set_index("round")["global_val_auc"].loc[1:]
+    # the candidates: the warm-up's rounds, then the run's (round 0, the warm-up's end, is
+    # not one again); the best validation AUC wins, ties the earlier
+    candidates = [(stage, int(r.round), r.global_val_auc, r.global_auc)
+                  for stage in ("warm-up", "main") for r in rows[stage].itertuples()
+                  if r.round > 0]  # fmt: skip
+    stage, round_, _, test_auc = max(candidates, key=lambda c: c[2])
     card = json.loads((run_dir / "model" / "model_card.json").read_text())
-    assert card["selected_round"] == summary["selected_round"] == int(val.idxmax())
-    assert card["global_auc"] == pytest.approx(summary["global_auc"][card["selected_round"]])
+    assert [(s["stage"], s["round"]) for s in card["selected"]] == [(stage, round_)]
+    assert card["selected_round"] == summary["selected_round"] == round_
+    assert card["global_auc"] == pytest.approx(test_auc)
     assert card["warmup_rounds"] == 2 and 0 <= card["threshold"][0] <= 1
     assert [c["site"] for c in card["data_cards"]] == ["site0", "site1", "site2"]
     assert len(sites) == 3 and "data_cards" not in card["hyperparameters"]
     exported = load_torch(summary["model_path"])
     assert exported["model_config"]["num_labels"] == 1
     md = (run_dir / "model" / "MODEL_CARD.md").read_text()
-    assert f"Exported model: round {card['selected_round']}" in md
+    assert f"Exported model: {selected_text(card['selected'])}" in md
 
 
 def test_warmup_moves_the_starting_model(tmp_path):
