@@ -69,6 +69,7 @@ def headline(
         "last_round": last_round,
         "last_round_auc": as_float(last_auc),
         "positive_class": positive_class or summary.get("positive_class"),
+        "stopped": summary.get("stopped"),  # --early-stop ended the rounds: round, reason
     }
     if "exported_auc" not in summary:  # running, failed, or no export
         out["auc"], out["auc_of"] = out["last_round_auc"], "last round"
@@ -88,15 +89,15 @@ def headline_text(head: dict[str, Any]) -> str:
     if worst is not None:
         interval = auc_text(worst["auc"], worst["auc_lo"], worst["auc_hi"], HANLEY_MCNEIL)
         text += f"; worst site {worst['site']} {interval}"
-    return f"{text}; last round{where}: pooled {auc_text(head['last_round_auc'], undefined='n/a')}"
+    text += f"; last round{where}: pooled {auc_text(head['last_round_auc'], undefined='n/a')}"
+    stopped = head.get("stopped")
+    if stopped:  # said with the numbers it explains
+        text += f"; stopped early after round {stopped['round']}: {stopped['reason']}"
+    return text
 
 
 def summary_headline(summary: dict[str, Any]) -> str:
     """The headline of a finished run's JSON summary (``run_simulation``'s, the coordinator's)."""
     aucs = summary.get("global_auc") or []
     last = len(aucs) - 1 if aucs else None
-    text = headline_text(headline(summary, last, aucs[-1] if aucs else None))
-    stopped = summary.get("stopped")
-    if stopped:  # --early-stop ended the rounds: said with the numbers it explains
-        text += f"; stopped early after round {stopped['round']}: {stopped['reason']}"
-    return text
+    return headline_text(headline(summary, last, aucs[-1] if aucs else None))

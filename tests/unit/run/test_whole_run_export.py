@@ -5,6 +5,8 @@ names; a run started with ``--init`` counts its round 0 as a candidate."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,9 @@ def test_early_stop_ends_the_run_at_the_round_its_rule_names(
     text = (Path(summary["model_path"]).parent / "MODEL_CARD.md").read_text()
     assert "Stopped early after round 2 of 8" in text
     assert f"stopped early after round 2: {stopped['reason']}" in summary_headline(summary)
+    runs = subprocess.run([sys.executable, "-m", "fed_auc.cli", "runs", "--runs-dir",
+                           str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert f"stopped early after round 2: {stopped['reason']}" in runs  # fed-auc runs too
 
 
 def test_an_init_start_counts_its_round_zero(npz, tmp_path, reverse_auc_phase) -> None:
