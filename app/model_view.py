@@ -16,8 +16,7 @@ import pandas as pd
 
 from app.queries import RunData
 from app.tables import auc_header, ci_header, readable
-from fed_auc.metrics.wording import BOOTSTRAP, HANLEY_MCNEIL, interval_text
-from fed_auc.run.headline import exported_model
+from fed_auc.metrics.wording import BOOTSTRAP, HANLEY_MCNEIL, interval_text, selected_text
 
 EXPORTED = "exported"  # fed_auc.run.lifecycle.EXPORTED: the store's name for the exported model
 LAST = "last"
@@ -73,8 +72,10 @@ def choices(data: RunData) -> list[ModelChoice]:
             if averaged
             else f"round {selected} of {planned}"
         )
-        if any(entry["stage"] != "main" for entry in summary.get("selected") or []):
-            what = exported_model(summary)  # its warm-up's or --init's: named so
+        stages = summary.get("selected") or []
+        if any(entry["stage"] != "main" for entry in stages):  # warm-up or --init: named
+            what = selected_text(stages)
+            what = f"mean of the weights of {what}" if len(stages) > 1 else what
         job = scoring_job(data)
         method, source = (
             (HANLEY_MCNEIL, "the export's own evaluation at each site")

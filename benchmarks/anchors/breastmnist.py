@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.simulate import simulate
+from fed_auc.metrics.wording import selected_text
 
 REFERENCES = [  # quoted, not run by this script
     ("MedMNIST v2 benchmark (quoted)", "ResNet-18 @ 28 px", "0.901"),
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace, row: Row, seed: int) -> dict:
         "val_auc": card["global_val_auc"],
         "selected_round": summary["selected_round"],
         "averaged_rounds": summary.get("averaged_rounds"),
+        # the rounds with their stage: the whole run's (warm-up rounds too) are candidates
+        "exported": selected_text(card["selected"]) if card.get("selected") else None,
         "test_auc": summary["exported_auc"],
         "selection": card["selection"],
         "tta": card["tta"],
@@ -142,8 +145,8 @@ def markdown(args: argparse.Namespace, table: dict[Row, list[dict]], argv: list[
         per_seed = ", ".join(f"{a:.3f}" for a in s["aucs"])
         val = summarize(results, "val_auc")["mean"]
         chosen = "; ".join(
-            str(r["selected_round"]) if not r["averaged_rounds"] else
-            "+".join(map(str, r["averaged_rounds"]))
+            r.get("exported") or (str(r["selected_round"]) if not r["averaged_rounds"] else
+                                  "+".join(map(str, r["averaged_rounds"])))
             for r in results
         )  # fmt: skip
         how = ", ".join(sorted({f"{r['selection']}, {r['tta']}" for r in results}))

@@ -9,6 +9,7 @@ cropped screenshot still says which class the number is for and how its interval
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 HANLEY_MCNEIL = "Hanley–McNeil"  # every round's per-site interval (fed_auc.metrics.auc)
 BOOTSTRAP = "bootstrap"  # fed-auc evaluate: percentile bootstrap of the scores
@@ -53,3 +54,24 @@ def interval_text(lo: float | None, hi: float | None, missing: str = "—") -> s
     if lo is None or hi is None or lo != lo or hi != hi:
         return missing
     return f"{lo:.3f}–{hi:.3f}"
+
+
+STAGE_WORDS = {"initial": "the --init model", "warm-up": "warm-up", "main": ""}
+
+
+def selected_text(selected: list[dict[str, Any]]) -> str:
+    """The exported model's rounds and which stage trained them: ``round 12``, ``warm-up
+    round 7 (fedavg + ce)``, ``warm-up rounds [9, 10] (fedavg + ce) and rounds [3, 4]``."""
+    parts = []
+    for stage in ("initial", "warm-up", "main"):
+        of = [e for e in selected if e["stage"] == stage]
+        if not of:
+            continue
+        if stage == "initial":
+            parts.append("round 0 (the --init model)")
+            continue
+        rounds = [e["round"] for e in of]
+        word = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds}"
+        trained = f" ({of[0]['algorithm']} + {of[0]['loss']})" if stage == "warm-up" else ""
+        parts.append(f"{STAGE_WORDS[stage]} {word}{trained}".strip())
+    return " and ".join(parts)

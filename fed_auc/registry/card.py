@@ -13,6 +13,7 @@ import pandas as pd
 
 from fed_auc.data.labels import federation_positive_class, positive_class_text
 from fed_auc.data.partition import PARTITION_FILE
+from fed_auc.metrics.wording import selected_text
 from fed_auc.store.records import as_float, as_int
 
 
@@ -178,27 +179,6 @@ def _exported(card: dict[str, Any]) -> str:
     if card.get("averaged_rounds"):
         return f"mean of the weights of rounds {card['averaged_rounds']}"
     return f"round {card.get('selected_round', card['rounds'])}"
-
-
-STAGE_WORDS = {"initial": "the --init model", "warm-up": "warm-up", "main": ""}
-
-
-def selected_text(selected: list[dict[str, Any]]) -> str:
-    """The exported model's rounds and which stage trained them: ``round 12``, ``warm-up
-    round 7 (fedavg + ce)``, ``warm-up rounds [9, 10] (fedavg + ce) and rounds [3, 4]``."""
-    parts = []
-    for stage in ("initial", "warm-up", "main"):
-        of = [e for e in selected if e["stage"] == stage]
-        if not of:
-            continue
-        if stage == "initial":
-            parts.append("round 0 (the --init model)")
-            continue
-        rounds = [e["round"] for e in of]
-        word = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds}"
-        trained = f" ({of[0]['algorithm']} + {of[0]['loss']})" if stage == "warm-up" else ""
-        parts.append(f"{STAGE_WORDS[stage]} {word}{trained}".strip())
-    return " and ".join(parts)
 
 
 def _stopped_line(card: dict[str, Any]) -> list[str]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fed_auc.metrics.wording import HANLEY_MCNEIL, auc_text, class_text
-from fed_auc.registry.card import selected_text
+from fed_auc.metrics.wording import HANLEY_MCNEIL, auc_text, class_text, selected_text
 from fed_auc.store.records import as_float
 
 

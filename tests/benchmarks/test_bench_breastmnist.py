@@ -31,6 +31,9 @@ def test_rows_are_parsed_and_bad_ones_named(capsys: pytest.CaptureFixture[str]) 
     assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
 
 
+CHOSEN = "; ".join(["warm-up round 1 (fedavg + ce) and rounds [1, 2]"] * 2)  # both seeds
+
+
 @pytest.mark.slow
 def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     npz = write_npz(tmp_path / "toy.npz", n=(160, 40, 60))
@@ -52,9 +55,11 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     pool = load_medmnist(npz, image_size=16)
     test = pool.split == "test"
     for r in results:
-        # the defaults for image files: the mean of the best 5 (here: both) rounds, flip TTA
+        # the defaults for image files: the mean of the best 5 rounds of the whole run (here:
+        # the warm-up's one and the run's two), flip TTA
         assert r["selection"] == "best_val:5" and r["tta"] == "flip"
-        assert r["selected_round"] == 2 and r["averaged_rounds"] == [1, 2]
+        assert r["selected_round"] == 2 and r["averaged_rounds"] == [1, 1, 2]
+        assert r["exported"] == "warm-up round 1 (fedavg + ce) and rounds [1, 2]"
         model, card = load_registered_model(run_dirs[r["seed"]] / "model")
         sites = {"all": Split(pool.images[test], pool.labels[test])}
         scored = evaluate_model(model, card, sites, n_boot=0)["sites"]["all"]["label"]["auc"]
@@ -66,6 +71,6 @@ def test_toy_run_reports_the_exported_rounds_auc(tmp_path: Path) -> None:
     assert f"**{mean:.3f} ± {sd:.3f}**" in text
     assert re.search(r"Command: `python -m benchmarks.anchors.breastmnist --npz ", text)
     assert "0.909 ± 0.012" in text and "Seeds: 0, 1" in text
-    assert "| best_val:5, flip |" in text and "| 1+2; 1+2 |" in text
+    assert "| best_val:5, flip |" in text and f"| {CHOSEN} |" in text
     val = statistics.mean(r["val_auc"] for r in results)
-    assert f"| {val:.3f} | 1+2; 1+2 |" in text
+    assert f"| {val:.3f} | {CHOSEN} |" in text

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fed_auc.cli import main
-from fed_auc.registry.card import selected_text
+from fed_auc.metrics.wording import selected_text
 from fed_auc.store.records import RoundRecord
 from tests.support import dashboard_store
 from tests.support.data_files import breast_site_files

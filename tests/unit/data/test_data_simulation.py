@@ -9,7 +9,7 @@ import pytest
 from fed_auc.data.partition import MANIFEST_FORMAT
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
-from fed_auc.registry.card import selected_text
+from fed_auc.metrics.wording import selected_text
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from tests.support.data_files import write_npz
