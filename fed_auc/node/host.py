@@ -148,13 +148,7 @@ class NodeHost:
         """An evaluation job's report (``fed_auc.node.report``) on ``data`` (default: the
         served node's) for ``run_id`` (default: the run admitted), once the policy allows its
         run and splits."""
-        if data is None:
-            node = self._current()
-            data, compute = node.site, node.compute
-        run_id = self.run_id if run_id is None else run_id
-        if run_id is not None:
-            self.guard.check_experiment(run_id, "report")
-        self.guard.evaluate(data, request.splits, False, "report")
+        data, compute = self._admitted("report", [request], run_id, data, compute)
         return site_report(data, request, tensors, compute)
 
     def compare(
@@ -168,15 +162,29 @@ class NodeHost:
         """A paired comparison of two models (``fed_auc.node.compare``), once the policy
         allows what an evaluation job of each model would ask: its run, and its splits (no
         per-image score leaves). Arguments as ``report``."""
+        data, compute = self._admitted("compare", [request.a, request.b], run_id, data, compute)
+        return site_comparison(data, request, tensors, compute)
+
+    def _admitted(
+        self,
+        what: str,
+        requests: list[EvaluationRequest],
+        run_id: str | None,
+        data: SiteData | None,
+        compute: Compute | None,
+    ) -> tuple[SiteData, Compute | None]:
+        """The data and compute a scoring job runs on (default: the served node's), once the
+        policy allows its run (default: the run admitted) and every request's splits; a
+        refusal is logged as ``what``."""
         if data is None:
             node = self._current()
             data, compute = node.site, node.compute
         run_id = self.run_id if run_id is None else run_id
         if run_id is not None:
-            self.guard.check_experiment(run_id, "compare")
-        for each in (request.a, request.b):
-            self.guard.evaluate(data, each.splits, False, "compare")
-        return site_comparison(data, request, tensors, compute)
+            self.guard.check_experiment(run_id, what)
+        for request in requests:
+            self.guard.evaluate(data, request.splits, False, what)
+        return data, compute
 
 
 def evaluated_text(evaluation: Evaluation, site: SiteData) -> str:

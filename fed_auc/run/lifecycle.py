@@ -135,7 +135,7 @@ def close_run(
     site_frame = store.site_rounds(source).query(f"round == {best.round}").copy()
     what = f"the model of {exported_model(summary)}"
     if best.metrics is not None:  # an average: its own scores replace the round's
-        what = f"the mean of the models of {exported_model(summary)}"
+        what = f"the {exported_model(summary)}"  # "the mean of rounds [5, 6, 7]"
         summary["averaged_rounds"] = best.rounds
         for key in ("global_auc", "global_val_auc", "worst_site_auc"):
             selected[key] = best.metrics[key]

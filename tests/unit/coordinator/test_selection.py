@@ -22,6 +22,7 @@ from fed_auc.io import save_state
 from fed_auc.registry.load import load_registered_model
 from fed_auc.simulation import run_simulation
 from fed_auc.store.records import RoundRecord
+from fed_auc.store.run_store import RunStore
 from tests.support.data_files import write_npz
 
 MAIN = Stage("main", "run", "codasca", "auc")
@@ -135,3 +136,6 @@ def test_averaged_export_is_scored_as_itself(averaged_run) -> None:
     assert all(s["auc"] is not None and s["n_test"] > 0 for s in card["sites"])
     text = (Path(summary["model_path"]).parent / "MODEL_CARD.md").read_text()
     assert "mean of the weights of rounds [2, 3]" in text
+    with RunStore(Path(summary["run_dir"]).parent) as store:
+        events = list(store.events(summary["run_id"])["message"])
+    assert "exported the mean of rounds [2, 3]" in events
