@@ -88,8 +88,9 @@ class BestModel:
     recorded. A run whose AUC phase never beats its warm-up on validation thus exports the
     warm-up's model, and says so (``selected``).
 
-    Kept on disk (``best_model.pt``; the tensors for every mode but plain ``last``) so that
-    a resumed run still knows the rounds kept and the validation history before the crash.
+    Kept on disk so that a resumed run still knows what came before the crash: the kept
+    tensors in ``best_model.pt`` (every mode but plain ``last``) and every candidate's
+    validation AUC in ``validation_history.json`` (what ``--early-stop`` counts).
     """
 
     def __init__(self, run_dir: Path, select: str, initial_candidate: bool = False) -> None:
