@@ -11,7 +11,9 @@ directory that a running node uses (both would write the same local state).
 A SuperLink refuses an unknown key and a key whose previous session it still holds (a node
 restarted within Flower's heartbeat patience) with the same message. A node that joined this
 coordinator with this key before (``<state_dir>/joined.json``) is told the second for
-``REJOIN_PATIENCE_S``, the first only after that.
+``REJOIN_PATIENCE_S``, the first only after that. A coordinator registers its sites' keys just
+after its SuperLink starts, so any node is refused for a moment at a coordinator's start: a node
+that never joined is told its key is unknown only after ``STARTUP_PATIENCE_S`` of refusals.
 
 The messages are Flower 1.4x's (checked on loopback, see tests/e2e/test_flower_faults.py).
 """
@@ -40,6 +42,7 @@ REFUSED = "401 Unauthorized"  # a SuperLink that does not know this node (e.g. r
 # x HEARTBEAT_DEFAULT_INTERVAL (flwr.common.constant); the node's restart is refused until then.
 SESSION_HELD_S = 2 * 30.0
 REJOIN_PATIENCE_S = 90.0  # then a refusal of a node that joined before means its key is gone
+STARTUP_PATIENCE_S = 30.0  # then a refusal of any other node means its key is not registered
 JOINED_FILE = "joined.json"
 
 
@@ -106,9 +109,16 @@ def unlock_state_dir(path: Path) -> None:
         os.close(held[0])
 
 
-def explain(text: str, address: str, ca: Path | None = None, rejoining: bool = False) -> str | None:
+def explain(
+    text: str,
+    address: str,
+    ca: Path | None = None,
+    rejoining: bool = False,
+    starting: bool = False,
+) -> str | None:
     """The one-line cause of a SuperNode failure in its log ``text``, or None if unknown.
-    ``rejoining``: this node joined this coordinator with this key before, lately."""
+    ``rejoining``: this node joined this coordinator with this key before, lately;
+    ``starting``: refused for under STARTUP_PATIENCE_S (the coordinator may be starting)."""
     if any(marker in text for marker in TLS_FAILED):
         given = f" (--root-certificates {ca})" if ca is not None else ""
         return (
@@ -119,6 +129,12 @@ def explain(text: str, address: str, ca: Path | None = None, rejoining: bool = F
         return (
             f"the coordinator at {address} does not let this node in yet (it still holds this "
             f"node's previous session; it is released within ~{SESSION_HELD_S:g} s)"
+        )
+    if any(marker in text for marker in NOT_REGISTERED) and starting:
+        return (
+            f"the coordinator at {address} does not let this node in yet (a coordinator "
+            f"registers its sites' keys just after it starts; still refused after "
+            f"{STARTUP_PATIENCE_S:g} s means this key is not registered there)"
         )
     if any(marker in text for marker in NOT_REGISTERED):
         return (
@@ -192,7 +208,8 @@ class SupernodeWatch:
 
     def exited(self, returncode: int | None, log_path: Path) -> str:
         """The line for a SuperNode that exited (it is restarted after it)."""
-        cause = explain(self._seen, self.address, self.ca, self._rejoining())
+        rejoining, starting = self._refused_lately()
+        cause = explain(self._seen, self.address, self.ca, rejoining, starting)
         self._seen = ""
         if cause is None:
             return (
@@ -205,14 +222,19 @@ class SupernodeWatch:
             return ""  # is a new one: expected after the end of a run; "connected" follows
         return f"{self.site}: {cause}; retrying"
 
-    def _rejoining(self) -> bool:
-        """Whether a refused activation may be the coordinator still holding this node's
-        previous session: it joined there with this key, refused for under REJOIN_PATIENCE_S."""
-        refused = any(marker in self._seen for marker in NOT_REGISTERED)
-        if not refused or self.state_dir is None:
-            return False
-        if Joined.read(self.state_dir) != Joined(self.address, self.key):
-            return False
+    def _refused_lately(self) -> tuple[bool, bool]:
+        """(rejoining, starting) for a refused activation: whether the coordinator may still hold
+        this node's previous session (it joined there with this key, refused for under
+        REJOIN_PATIENCE_S), or may be registering its keys (refused for under
+        STARTUP_PATIENCE_S)."""
+        if not any(marker in self._seen for marker in NOT_REGISTERED):
+            return False, False
         if self.refused_since is None:
             self.refused_since = time.monotonic()
-        return time.monotonic() - self.refused_since < REJOIN_PATIENCE_S
+        refused_for = time.monotonic() - self.refused_since
+        joined = self.state_dir is not None and Joined.read(self.state_dir) == Joined(
+            self.address, self.key
+        )
+        if joined and refused_for < REJOIN_PATIENCE_S:
+            return True, False
+        return False, refused_for < STARTUP_PATIENCE_S

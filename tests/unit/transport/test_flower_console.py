@@ -150,7 +150,30 @@ def test_a_restarted_node_hears_its_session_is_held_before_that_its_key_is_unkno
         SupernodeWatch("north", ADDRESS, None, tmp_path / "never_joined", "SHA256:abc"),
     ):
         other.feed(STARTED + REFUSED)
+        assert "registers its sites' keys just after it starts" in other.exited(1, log)
+        other.refused_since -= 31  # refused for longer than a starting coordinator takes
+        other.feed(STARTED + REFUSED)
         assert "this key is not registered" in other.exited(1, log)
+
+
+def test_a_node_refused_at_a_coordinators_start_is_not_told_its_key_is_unknown(tmp_path):
+    from fed_auc.transport.flower.node_watch import STARTUP_PATIENCE_S, SupernodeWatch, explain
+
+    assert explain(STARTED + REFUSED, ADDRESS, starting=True) == (
+        f"the coordinator at {ADDRESS} does not let this node in yet (a coordinator registers "
+        f"its sites' keys just after it starts; still refused after {STARTUP_PATIENCE_S:g} s "
+        "means this key is not registered there)"
+    )
+    log = tmp_path / "supernode.log"
+    watch = SupernodeWatch("north", ADDRESS, None, tmp_path, "SHA256:abc")  # never joined
+    watch.feed(STARTED + REFUSED)
+    assert "does not let this node in yet" in watch.exited(1, log)
+    watch.feed(STARTED + REFUSED)
+    assert watch.exited(1, log) == ""  # once, not at every retry
+    watch.feed(STARTED + REFUSED + JOINED)  # the coordinator registered the key: it joins
+    assert watch.refused_since is None
+    watch.feed(STARTED + REFUSED)  # a later refusal has a new patience
+    assert "does not let this node in yet" in watch.exited(1, log)
 
 
 def test_the_joined_record_names_the_key_as_the_coordinator_knows_it(tmp_path):
