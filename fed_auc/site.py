@@ -9,7 +9,9 @@ experiment on the same site files trains the same model either way.
 name = "north"                  # the site's identifier in the store and the dashboard
 
 [data]                          # image files (or a [synthetic] table instead)
-spec = "csv:north.csv"          # medmnist:PATH.npz or csv:PATH[:IMAGE_ROOT]; relative to this file
+spec = "csv:north.csv"          # medmnist:PATH.npz, csv:PATH[:IMAGE_ROOT] or dicomweb:LABELS.csv
+                                # (images from the PACS [data.pacs] names:
+                                # fed_auc.data.dicomweb); relative to this file
 site = "north"                  # optional: only the rows of a shared CSV whose site column is this
 uncertain = "zeros"             # CheXpert -1 labels: zeros, ones or ignore
 frontal_only = false
@@ -308,7 +310,10 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: data must be a table ([data])")
     _check_keys(path, "data", table, DATA_KEYS)
     if not isinstance(table.get("spec"), str):
-        raise ValueError(f"{path}: [data] needs spec = 'medmnist:PATH' or 'csv:PATH[:ROOT]'")
+        raise ValueError(
+            f"{path}: [data] needs spec = 'medmnist:PATH', 'csv:PATH[:ROOT]' or "
+            "'dicomweb:LABELS.csv'"
+        )
     try:
         spec = parse_data_spec(table["spec"])
     except ValueError as exc:
@@ -335,6 +340,16 @@ def _data_table(path: Path, table: Any, folder: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: [data] split_seed = {seed!r}: must be an integer ≥ 0")
     if "site" in table and not isinstance(table["site"], str | int):
         raise ValueError(f"{path}: [data] site = {table['site']!r}: must be a string")
+    if (spec.kind == "dicomweb") != ("pacs" in table):
+        raise ValueError(
+            f"{path}: [data.pacs] (the PACS's url, query, key, login) goes with "
+            "spec = 'dicomweb:LABELS.csv', and only with it"
+        )
+    if spec.kind == "dicomweb":
+        from fed_auc.data.dicomweb import PacsSource
+
+        pacs = PacsSource.from_table(table["pacs"], str(path), folder.resolve())
+        table = {**table, "pacs": pacs.as_table()}
     spec_path = (folder / spec.path).resolve()
     text = f"{spec.kind}:{spec_path}"
     if spec.root is not None:

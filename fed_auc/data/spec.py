@@ -1,5 +1,7 @@
 """``--data SPEC``: which source to read. ``synthetic`` (default), ``medmnist:PATH``,
-``csv:PATH[:ROOT]`` (ROOT: where relative image paths start; default the CSV's folder)."""
+``csv:PATH[:ROOT]`` (ROOT: where relative image paths start; default the CSV's folder); in a
+site file also ``dicomweb:LABELS.csv`` (its images from the PACS ``[data.pacs]`` names:
+fed_auc.data.pacs_source)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from fed_auc.data.labels import BINARY, positive_classes
 from fed_auc.data.pool import ImagePool
 from fed_auc.data.reading import DataReading
 
-KINDS = ("synthetic", "medmnist", "csv")
+KINDS = ("synthetic", "medmnist", "csv", "dicomweb")
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ def parse_data_spec(text: str) -> DataSpec:
     kind, _, rest = text.partition(":")
     if kind not in KINDS:
         raise ValueError(
-            f"data spec {text!r}: unknown source {kind!r}; use synthetic, medmnist:PATH or "
-            "csv:PATH[:ROOT]"
+            f"data spec {text!r}: unknown source {kind!r}; use synthetic, medmnist:PATH, "
+            "csv:PATH[:ROOT] or (in a site file) dicomweb:LABELS.csv"
         )
     if kind == "synthetic":
         if rest:
@@ -72,6 +74,11 @@ def load_pool(
         from fed_auc.data.medmnist import load_medmnist
 
         return load_medmnist(spec.path, image_size, reading.positive_label, cache, classes)
+    if spec.kind == "dicomweb":
+        raise ValueError(
+            f"data spec dicomweb:{spec.path}: a PACS is named in a site file ([data.pacs]); "
+            "give the site file (--site FILE)"
+        )
     if classes not in (None, BINARY):
         raise ValueError(
             f"classes = {classes!r} applies to .npz files; {spec.path}'s labels are 1, 0, -1 or "
@@ -142,7 +149,7 @@ def load_sites(
 
 SITE_KEYS = (
     "spec", "site", "uncertain", "frontal_only", "skip_bad_images", "split_seed", "positive_label",
-    "aspect", "positive_class", "images_outside_root", "classes",
+    "aspect", "positive_class", "images_outside_root", "classes", "pacs",
 )  # fmt: skip
 
 
@@ -174,8 +181,11 @@ def site_from_config(
     if spec.kind == "synthetic":
         raise ValueError(f"site {name!r}: [data] spec must be a file source, got 'synthetic'")
     reading = DataReading.from_table(table)
+    pool_spec = spec
+    if spec.kind == "dicomweb":  # the PACS's images, fetched into the cache: an image CSV
+        pool_spec = DataSpec("csv", _fetch_from_pacs(name, table, spec, cache_dir, reading))
     pool = load_pool(
-        spec,
+        pool_spec,
         image_size,
         reading,
         site=str(table["site"]) if "site" in table and spec.kind == "csv" else None,
@@ -205,6 +215,10 @@ def site_from_config(
         f" (site {table['site']})" if "site" in table else ""
     )
     site.meta["data_sha256"] = file_sha256(spec.path)
+    if spec.kind == "dicomweb":
+        pacs = table["pacs"]
+        site.meta["pacs"] = {"url": pacs["url"], "query": pacs.get("query", {})}
+        site.meta["source"] = f"dicomweb:{pacs['url']}"  # not the CSV made of what it fetched
     site.meta["positive_class"] = positive_classes(
         site.label_names, reading.positive_label, reading.positive_class
     )
@@ -214,3 +228,18 @@ def site_from_config(
         else f"seeded 70/10/20 by patient (split_seed {split_seed})"
     )
     return site
+
+
+def _fetch_from_pacs(
+    name: str, table: Mapping[str, Any], spec: DataSpec, cache_dir: Path | None, reading
+) -> Path:
+    """The image CSV of the site's labelled PACS images, fetched into ``cache_dir``."""
+    from fed_auc.data.dicomweb import PacsSource
+    from fed_auc.data.pacs_source import fetch_site_images
+
+    if cache_dir is None:
+        raise ValueError(f"site {name!r}: a PACS site fetches its images into its state directory")
+    if "pacs" not in table:
+        raise ValueError(f"site {name!r}: spec dicomweb:... needs a [data.pacs] table (url, ...)")
+    source = PacsSource.from_table(table["pacs"], f"site {name!r}")
+    return fetch_site_images(source, spec.path, cache_dir, reading.skip_bad_images)

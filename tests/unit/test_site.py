@@ -205,7 +205,7 @@ def test_without_a_split_column_split_seed_seeds_the_split_and_the_experiment_se
     [
         ({"spec": "synthetic"}, "[data] spec = 'synthetic': use a [synthetic] table instead"),
         ({"spec": "pacs:x"}, "[data] data spec 'pacs:x': unknown source 'pacs'"),
-        ({}, "[data] needs spec = 'medmnist:PATH' or 'csv:PATH[:ROOT]'"),
+        ({}, "[data] needs spec = 'medmnist:PATH', 'csv:PATH[:ROOT]' or 'dicomweb:LABELS.csv'"),
         ({"spec": "csv:x.csv", "uncertain": "maybe"}, "[data] uncertain = 'maybe'"),
         ({"spec": "csv:x.csv", "split_seed": -1}, "[data] split_seed = -1"),
         ({"spec": "csv:x.csv", "frontal_only": "yes"}, "[data] frontal_only = 'yes'"),
