@@ -149,13 +149,19 @@ def close_run(
             site_frame[key] = site_frame["site"].map(values)
     settings = card_settings(config)
     card = model_card(
-        summary, selected, site_frame, settings, coordinator.backend.hyperparameters(),
-        model_config, cards,
+        summary,
+        selected,
+        site_frame,
+        settings,
+        coordinator.backend.hyperparameters(),
+        model_config,
+        cards,
     )
     card["threshold"] = thresholds
     # per label, fitted where the threshold was chosen; [] where no validation score was pooled
     names = card["label_names"]
-    card["calibration"] = [{"label": n, **c} for n, c in zip(names, trained.calibration)]
+    fits = trained.calibration
+    card["calibration"] = [{"label": n, **c} for n, c in zip(names, fits, strict=bool(fits))]
     card["secure_aggregation"] = bool(config.secure_aggregation)
     card["averaged_rounds"] = best.rounds if best.averaged else None
     card["selected"] = best.selected
