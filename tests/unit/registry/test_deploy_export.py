@@ -157,16 +157,19 @@ def test_every_export_carries_the_cards_facts(simulated):
     # the calibration travels as knots any numpy applies: monotone probabilities
     probs = apply_calibration(np.linspace(0, 1, 50), found["onnx"]["calibration"][0])
     assert np.all(np.diff(probs) >= 0) and 0 <= probs.min() <= probs.max() <= 1
+    people = (out / "MODEL_CARD.md").read_text()  # the card's copy says it for people too
+    assert f"Calibration (score → probability): {names[0]}: isotonic, pooled validation" in people
     readme = (out / "bundle" / "docs" / "README.md").read_text()
     assert "numpy.interp" in readme and "monai.bundle run" in readme
 
 
-@pytest.fixture
-def older_model(tmp_path) -> Path:
+@pytest.fixture(params=["batch", "group"])
+def older_model(tmp_path, request) -> Path:
     """A hand-written registry model: ImageNet input normalization, 2 labels, 36 px (no
-    upsampling), no TTA, and a card from before thresholds, calibration and privacy."""
+    upsampling), no TTA, and a card from before thresholds, calibration and privacy; with
+    BatchNorm, and with GroupNorm as DP-SGD trains it (the bundle's config names the groups)."""
     torch.manual_seed(0)
-    model = build_model("tiny", num_labels=2, input_norm="imagenet")
+    model = build_model("tiny", num_labels=2, norm=request.param, input_norm="imagenet")
     for module in model.modules():  # BatchNorm statistics that are not the identity
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.uniform_(-0.2, 0.2)
