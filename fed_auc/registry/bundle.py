@@ -167,6 +167,12 @@ def readme(facts: dict[str, Any]) -> str:
         "    --meta_file configs/metadata.json --bundle_root . \\",
         "    --input_file images.npy --output_file scores.csv",
         "```", "",
+        "(MONAI's command line needs the `fire` package), or from Python:", "",
+        "```python",
+        "from monai.bundle import run",
+        "run(config_file='configs/inference.json', meta_file='configs/metadata.json',",
+        "    bundle_root='.', input_file='images.npy', output_file='scores.csv')",
+        "```", "",
         f"`images.npy`: float32 array (N, {facts['input']['shape'][1]}, {s}, {s}), grayscale "
         f"images resized to {s} px with intensities in [0, 1] (as fed-auc's data pipeline makes "
         "them). The config upsamples, normalizes "

@@ -145,7 +145,7 @@ def _calibration(card: dict[str, Any]) -> Any:
 
 
 def _privacy(card: dict[str, Any]) -> dict[str, Any]:
-    dp = card.get("privacy", NOT_RECORDED) if "privacy" in card else NOT_RECORDED
+    dp = card.get("privacy", NOT_RECORDED)  # None: recorded as no DP
     return {
         "differential_privacy": "none" if dp is None else dp,
         "secure_aggregation": card.get("secure_aggregation", NOT_RECORDED),
