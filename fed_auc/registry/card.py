@@ -32,6 +32,7 @@ def render_model_card(card: dict[str, Any]) -> str:
         f"{[round(t, 3) for t in card.get('threshold') or [0.5]]}; test-time augmentation "
         f"`{card.get('tta', 'none')}`",
         *_stopped_line(card),
+        *_calibration_line(card),
         f"- Positive class: {positive_class_text(card.get('positive_class'))} (every AUC, "
         "sensitivity and threshold on this card is for it)",
         f"- Pooled test AUC: {_fmt(card['global_auc'])} (round 0{_after_warmup(card)}: "
@@ -187,6 +188,20 @@ def _stopped_line(card: dict[str, Any]) -> list[str]:
         return []
     return [f"- Stopped early after round {stopped['round']} of {card['rounds']}: "
             f"{stopped['reason']}"]  # fmt: skip
+
+
+def _calibration_line(card: dict[str, Any]) -> list[str]:
+    """Which labels have a calibration map (score → probability) and what it was fitted on."""
+    entries = card.get("calibration")
+    if not entries:
+        return []
+    parts = [
+        f"{e['label']}: {e['method']}, {e['fitted_on']} (n {e['n']}, {len(e['x'])} knots)"
+        if e.get("method")
+        else f"{e['label']}: none ({e.get('note')})"
+        for e in entries
+    ]
+    return [f"- Calibration (score → probability): {'; '.join(parts)}"]
 
 
 def _after_warmup(card: dict[str, Any]) -> str:

@@ -22,8 +22,9 @@ def load_registered_model(path: str | Path) -> tuple[DenseNetClassifier, dict[st
     try:
         blob = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or corrupt files
+        first = (str(exc).strip().splitlines() or [""])[0]  # one line: torch's run on
         raise ValueError(
-            f"model {file}: not a {MODEL_FORMAT} file ({type(exc).__name__}: {exc})"
+            f"model {file}: not a {MODEL_FORMAT} file ({type(exc).__name__}: {first})"
         ) from None
     found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
     if found != MODEL_FORMAT:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from fed_auc.coordinator.selection import BestModel, Stage, track_best_model
 from fed_auc.coordinator.stopping import EarlyStop
 from fed_auc.exchange import Transport
 from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.metrics.calibration import calibration_note, fit_calibration
 from fed_auc.metrics.report import youden_threshold
 from fed_auc.registry.card import (
     CardSettings,
@@ -70,12 +71,14 @@ def card_settings(config: ExperimentConfig) -> CardSettings:
 @dataclass
 class Trained:
     """What training left to export: the selected model, the card's thresholds (empty: none
-    could be chosen) and the selected model's scores at every site (``exported_evaluation``)."""
+    could be chosen), the selected model's scores at every site (``exported_evaluation``) and
+    its calibration maps per label (empty: no pooled validation scores)."""
 
     best: BestModel
     thresholds: list[float]
     exported: dict[str, Any]
     stopped: dict[str, Any] | None = None  # round and reason, when --early-stop ended it
+    calibration: list[dict[str, Any]] = field(default_factory=list)
 
 
 def train(
@@ -99,14 +102,16 @@ def train(
     try:
         coordinator.run(config.rounds, on_round, lambda: rule.reason(best))
         best.settle(store, run_id, coordinator, stage)
-        chosen = []
+        chosen, calibration = [], []
         if thresholds:
-            chosen = operating_thresholds(coordinator.transport, coordinator.sites, best.tensors)
+            chosen, calibration = operating_thresholds(
+                coordinator.transport, coordinator.sites, best.tensors
+            )
         cut = chosen or [DEFAULT_THRESHOLD] * num_labels
         exported = exported_evaluation(coordinator.transport, coordinator.sites, best.tensors, cut)
     finally:
         coordinator.close()
-    return Trained(best, chosen, exported, coordinator.stopped)
+    return Trained(best, chosen, exported, coordinator.stopped, calibration)
 
 
 def close_run(
@@ -144,10 +149,20 @@ def close_run(
             site_frame[key] = site_frame["site"].map(values)
     settings = card_settings(config)
     card = model_card(
-        summary, selected, site_frame, settings, coordinator.backend.hyperparameters(),
-        model_config, cards,
+        summary,
+        selected,
+        site_frame,
+        settings,
+        coordinator.backend.hyperparameters(),
+        model_config,
+        cards,
     )
     card["threshold"] = thresholds
+    # per label, fitted where the threshold was chosen; [] where no validation score was pooled
+    names = card["label_names"]
+    fits = trained.calibration
+    card["calibration"] = [{"label": n, **c} for n, c in zip(names, fits, strict=bool(fits))]
+    card["secure_aggregation"] = bool(config.secure_aggregation)
     card["averaged_rounds"] = best.rounds if best.averaged else None
     card["selected"] = best.selected
     card["stopped"] = trained.stopped
@@ -202,17 +217,30 @@ def exported_evaluation(
     return out
 
 
-def operating_thresholds(transport: Transport, sites: list[str], tensors: Tensors) -> list[float]:
+def operating_thresholds(
+    transport: Transport, sites: list[str], tensors: Tensors
+) -> tuple[list[float], list[dict[str, Any]]]:
     """Per label, the score threshold maximising Youden's J on the pooled validation scores
-    (0.5 where validation has one class): the model card's operating point."""
+    (0.5 where validation has one class): the model card's operating point; and, from the same
+    scores, its isotonic calibration map (``fed_auc.metrics.calibration``; where validation
+    has one class, ``method`` None and a ``note`` why). Both empty: nothing pooled."""
     answers = transport.evaluate(sites, tensors, pooled=True)
-    parts = [a.splits["val"] for a in answers.values() if hasattr(a, "splits")]
-    parts = [p for p in parts if p.scores is not None and p.n > 0]
-    if not parts:
-        return []
-    labels = np.concatenate([p.labels for p in parts])
-    scores = np.concatenate([p.scores for p in parts])
-    return [youden_threshold(labels[:, j], scores[:, j]) for j in range(labels.shape[1])]
+    pooled = {
+        site: a.splits["val"]
+        for site, a in answers.items()
+        if hasattr(a, "splits") and a.splits["val"].scores is not None and a.splits["val"].n > 0
+    }
+    if not pooled:
+        return [], []
+    labels = np.concatenate([p.labels for p in pooled.values()])
+    scores = np.concatenate([p.scores for p in pooled.values()])
+    names = sorted(pooled)
+    thresholds, calibration = [], []
+    for j in range(labels.shape[1]):
+        thresholds.append(youden_threshold(labels[:, j], scores[:, j]))
+        fit = fit_calibration(labels[:, j], scores[:, j], names)
+        calibration.append(fit or {"method": None, "note": calibration_note(labels[:, j])})
+    return thresholds, calibration
 
 
 def summarize(

@@ -34,6 +34,16 @@ def test_a_run_stores_the_exported_models_bins_at_the_cards_threshold(tmp_path):
         rows = store.model_evaluations(summary["run_id"])
         sites = store.site_rounds(summary["run_id"])
     assert run["summary"]["threshold"] == card["threshold"]
+    # the calibration map is fitted on the same pooled validation scores as the threshold
+    (calibration,) = card["calibration"]
+    assert calibration["label"] == card["label_names"][0]
+    assert calibration["method"] == "isotonic" and calibration["n"] > calibration["positives"] > 0
+    assert calibration["fitted_on"] == f"pooled validation, sites {sorted(sites['site'].unique())}"
+    assert calibration["x"] == sorted(calibration["x"]) and calibration["y"] == sorted(
+        calibration["y"]
+    )
+    assert 0 <= calibration["y"][0] <= calibration["y"][-1] <= 1
+    assert card["secure_aggregation"] is False
     assert set(rows["model"]) == {EXPORTED} and set(rows["split"]) == {"test"}
     assert sorted(rows["site"]) == sorted(sites["site"].unique())
     selected = sites[sites["round"] == run["summary"]["selected_round"]].set_index("site")
