@@ -24,21 +24,43 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--images", type=Path, metavar="FOLDER",
                         help="PNG/JPEG/DICOM (.dcm) files in FOLDER and below, sorted")  # fmt: skip
-    source.add_argument("--csv", type=Path, metavar="FILE",
-                        help="a CSV with a Path/path/image column (relative to the CSV's folder)")
+    source.add_argument(
+        "--csv",
+        type=Path,
+        metavar="FILE",
+        help="a CSV with a Path/path/image column (relative to the CSV's folder)",
+    )
     p.add_argument("--out", required=True, type=Path, help="the prediction CSV to write")
-    p.add_argument("--sr-dir", type=Path, metavar="DIR",
-                   help="also write one DICOM Structured Report per study (DICOM inputs)")
-    p.add_argument("--store", metavar="RUNS_DIR",
-                   help="the run store to record the job in (default: the one of the runs "
-                   "directory holding the model, else ./runs)")
-    p.add_argument("--aspect", default="pad", choices=["pad", "crop", "stretch"],
-                   help="non-square images: as the model's sites read them (default pad)")
+    p.add_argument(
+        "--sr-dir",
+        type=Path,
+        metavar="DIR",
+        help="also write one DICOM Structured Report per study (DICOM inputs)",
+    )
+    p.add_argument(
+        "--store",
+        metavar="RUNS_DIR",
+        help="the run store to record the job in (default: the one of the runs "
+        "directory holding the model, else ./runs)",
+    )
+    p.add_argument(
+        "--aspect",
+        default="pad",
+        choices=["pad", "crop", "stretch"],
+        help="non-square images: as the model's sites read them (default pad)",
+    )
     p.add_argument("--batch-size", type=int, help="images per forward pass (default: by size)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="image-decoding processes, one torch thread each (default 0: here)")
-    p.add_argument("--images-outside-root", action="store_true",
-                   help="--csv: allow paths leading outside the CSV's folder")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="image-decoding processes, one torch thread each (default 0: here)",
+    )
+    p.add_argument(
+        "--images-outside-root",
+        action="store_true",
+        help="--csv: allow paths leading outside the CSV's folder",
+    )
     add_compute_arguments(p, "scoring")
 
 

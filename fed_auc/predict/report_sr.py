@@ -75,8 +75,9 @@ def _group(
     if cells.get(f"{label}_probability"):
         numbers.insert(1, (PROBABILITY, cells[f"{label}_probability"]))
     measurements = [
-        hd.sr.Measurement(name=name, value=float(text), unit=codes.UCUM.NoUnits,
-                          algorithm_id=algorithm)  # fmt: skip
+        hd.sr.Measurement(
+            name=name, value=float(text), unit=codes.UCUM.NoUnits, algorithm_id=algorithm
+        )  # fmt: skip
         for name, text in numbers
     ]
     decision = codes.SCT.Positive if cells[f"{label}_decision"] == POSITIVE else codes.SCT.Negative
@@ -88,9 +89,9 @@ def _group(
         algorithm_id=algorithm,
         measurements=measurements,
         qualitative_evaluations=[hd.sr.QualitativeEvaluation(finding, decision)],
-        source_images=[hd.sr.SourceImageForMeasurementGroup(
-            str(image.SOPClassUID), str(image.SOPInstanceUID)
-        )],
+        source_images=[
+            hd.sr.SourceImageForMeasurementGroup(str(image.SOPClassUID), str(image.SOPInstanceUID))
+        ],
     )
 
 

@@ -62,9 +62,7 @@ class _Items(Dataset):
         return load(self.items[index], index, self.size, self.aspect, self.keep)
 
 
-def load(
-    item: PredictItem, index: int, size: int | None, aspect: str, keep_header: bool
-) -> Loaded:
+def load(item: PredictItem, index: int, size: int | None, aspect: str, keep_header: bool) -> Loaded:
     """Read one item; any failure becomes its ``error`` (the reader's message, which names
     the file), so one corrupt file costs one row."""
     header = None

@@ -58,8 +58,7 @@ class PredictionTables:
         marks = ", ".join("?" for _ in range(len(COLUMNS) + 2))
         with self._transaction():
             self._conn.execute(
-                f"INSERT INTO predictions (id, recorded_at, {', '.join(COLUMNS)})"
-                f" VALUES ({marks})",
+                f"INSERT INTO predictions (id, recorded_at, {', '.join(COLUMNS)}) VALUES ({marks})",
                 (job_id, time.time(), *values),
             )
         return job_id
@@ -70,7 +69,6 @@ class PredictionTables:
             return self._frame("SELECT * FROM predictions ORDER BY recorded_at DESC")
         marks = ", ".join("?" for _ in model_run_ids) or "NULL"
         return self._frame(
-            f"SELECT * FROM predictions WHERE model_run_id IN ({marks})"
-            " ORDER BY recorded_at DESC",
+            f"SELECT * FROM predictions WHERE model_run_id IN ({marks}) ORDER BY recorded_at DESC",
             tuple(model_run_ids),
         )
