@@ -1,7 +1,8 @@
 """Evaluations: a model scored at every site of a federation (fed-auc evaluate --federation, or
 a hold-out training run scoring its export): per-site AUC with the node's bootstrap 95 % CI as a
 forest plot, the pooled AUC from binned counts, held-out sites marked, sites that did not
-report, and the operating-point table at the model card's threshold. Reads the store only."""
+report, and the operating-point table at the model card's threshold; then the prediction jobs
+(fed-auc predict) that used the run's model. Reads the store only."""
 
 import altair as alt
 import streamlit as st
@@ -18,6 +19,7 @@ from app.evaluations_data import (
     readable_forest,
     site_rows,
 )
+from app.predictions_data import prediction_jobs, readable_jobs
 from app.tables import auc_header, ci_header
 from fed_auc.metrics.wording import BOOTSTRAP
 
@@ -143,7 +145,26 @@ def main() -> None:
         st.title("Evaluations")
         st.info(f"No runs in `{common.runs_dir()}` yet.")
         return
-    body(common.picked_run(runs))
+    run_id = common.picked_run(runs)
+    body(run_id)
+    predictions(run_id)
+
+
+def predictions(run_id: str) -> None:
+    """The prediction jobs that used this run's model: counts and where their files are (the
+    scores stay in those files, at the site)."""
+    jobs_frame = prediction_jobs(common.runs_dir(), run_id)
+    st.subheader("Prediction jobs")
+    if jobs_frame.empty:
+        st.caption(f"No `fed-auc predict` job has used run {run_id}'s model.")
+        return
+    st.caption(
+        f"`fed-auc predict` jobs that scored new images with run {run_id}'s model: how many "
+        "images, how many could not be read, how many were called positive at the card's "
+        "threshold, and where the CSV and structured reports are. Scores and patient "
+        "identifiers stay in those files."
+    )
+    st.dataframe(readable_jobs(jobs_frame), hide_index=True, width="stretch")
 
 
 main()

@@ -1,5 +1,5 @@
-"""The ``fed-auc`` command: simulate, demo, evaluate, export, runs, dashboard, convert-weights;
-coordinator, node, certs (Flower).
+"""The ``fed-auc`` command: simulate, demo, evaluate, export, predict, runs, dashboard,
+convert-weights; coordinator, node, certs (Flower).
 
 One module per subcommand (its flags and its handler); this one puts them under one parser."""
 
@@ -15,6 +15,7 @@ from fed_auc.cli.data import add_data_card_parser, write_data_cards
 from fed_auc.cli.evaluate import add_evaluate_parser, evaluate_command
 from fed_auc.cli.experiment_options import add_simulate_parser
 from fed_auc.cli.export import add_export_parser, export_command
+from fed_auc.cli.predict import add_predict_parser, predict_command
 from fed_auc.cli.runs import add_runs_parser, runs_command
 from fed_auc.cli.simulate import DEMO, add_demo_parser, demo_command, simulate_command
 from fed_auc.cli.weights import add_convert_parser, convert_command
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_card_parser(sub)
     add_evaluate_parser(sub)
     add_export_parser(sub)
+    add_predict_parser(sub)
     add_runs_parser(sub)
     add_dashboard_parser(sub)
     add_convert_parser(sub)
@@ -83,6 +85,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "data-card": write_data_cards,
     "evaluate": evaluate_command,
     "export": export_command,
+    "predict": predict_command,
     "runs": runs_command,
     "dashboard": dashboard_command,
     "coordinator": _coordinator_command,

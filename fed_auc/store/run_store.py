@@ -21,18 +21,19 @@ import pandas as pd
 
 from fed_auc.store.comparisons import COMPARISON_SCHEMA, ComparisonTables
 from fed_auc.store.evaluations import EVALUATION_SCHEMA, EvaluationTables
+from fed_auc.store.predictions import PREDICTION_SCHEMA, PredictionTables
 from fed_auc.store.records import RoundRecord, encode_row
 from fed_auc.store.schema import ADDED_COLUMNS, RUN_SCHEMA
 
 STORE_FILE = "fed_auc.sqlite"
-SCHEMA = RUN_SCHEMA + EVALUATION_SCHEMA + COMPARISON_SCHEMA  # every table
+SCHEMA = RUN_SCHEMA + EVALUATION_SCHEMA + COMPARISON_SCHEMA + PREDICTION_SCHEMA  # every table
 
 
 class StoreError(RuntimeError):
     """The store file cannot be used (not SQLite, or not a fed-auc store)."""
 
 
-class RunStore(EvaluationTables, ComparisonTables):
+class RunStore(EvaluationTables, ComparisonTables, PredictionTables):
     """Reads and writes the runs of one runs directory."""
 
     def __init__(self, runs_dir: str | Path) -> None:
