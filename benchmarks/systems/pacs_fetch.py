@@ -23,10 +23,10 @@ from pathlib import Path
 
 import requests
 
+from benchmarks.common.dicom_studies import make_studies, pacs_site_file, write_labels
 from benchmarks.common.machine import describe
+from benchmarks.common.orthanc import PASSWORD, PASSWORD_ENV, USER, start_orthanc
 from fed_auc.site import SiteDefinition
-from tests.support.orthanc import PASSWORD, PASSWORD_ENV, USER, start_orthanc
-from tests.support.pacs_files import make_studies, pacs_site_file, write_labels
 
 
 def measure(images: int, size: int, root: Path) -> dict[str, float]:

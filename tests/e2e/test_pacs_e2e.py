@@ -12,20 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from fed_auc.cli import main
-from fed_auc.experiment.config import ExperimentConfig
-from fed_auc.io import load_torch
-from fed_auc.simulation import run_simulation
-from fed_auc.transport.flower.processes import free_port
-from tests.support.flower_files import _coordinator, _fed_auc, _summary
-from tests.support.orthanc import PASSWORD, PASSWORD_ENV, start_orthanc
-from tests.support.pacs_files import (
+from benchmarks.common.dicom_studies import (
     files_site_file,
     make_studies,
     pacs_site_file,
     write_files_csv,
     write_labels,
 )
+from benchmarks.common.orthanc import PASSWORD, PASSWORD_ENV, start_orthanc
+from fed_auc.cli import main
+from fed_auc.experiment.config import ExperimentConfig
+from fed_auc.io import load_torch
+from fed_auc.simulation import run_simulation
+from fed_auc.transport.flower.processes import free_port
+from tests.support.flower_files import _coordinator, _fed_auc, _summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -10,6 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common.dicom_studies import (
+    files_site_file,
+    make_studies,
+    pacs_site_file,
+    write_files_csv,
+    write_labels,
+)
+from benchmarks.common.orthanc import PASSWORD, PASSWORD_ENV, start_orthanc
 from fed_auc.data.memmap import gather
 from fed_auc.data.pacs_source import FOLDER, INSTANCES_FILE
 from fed_auc.experiment.config import ExperimentConfig
@@ -17,14 +25,6 @@ from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
 from fed_auc.site import SiteDefinition
 from fed_auc.transport.flower.processes import free_port
-from tests.support.orthanc import PASSWORD, PASSWORD_ENV, start_orthanc
-from tests.support.pacs_files import (
-    files_site_file,
-    make_studies,
-    pacs_site_file,
-    write_files_csv,
-    write_labels,
-)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*have no row in.*:UserWarning")
 

@@ -111,7 +111,14 @@ def test_scores_equal_evaluate_decisions_follow_the_threshold_and_a_bad_file_is_
 def test_a_csv_input_scores_as_the_folder_and_calibration_fills_the_probability(
     tmp_path, images, capsys
 ):
-    calibration = [{"x": [0.0, 0.4, 0.6, 1.0], "y": [0.0, 0.1, 0.7, 1.0]}]
+    calibration = [
+        {
+            "label": "label",
+            "method": "isotonic",
+            "x": [0.0, 0.4, 0.6, 1.0],
+            "y": [0.0, 0.1, 0.7, 1.0],
+        }
+    ]
     model_dir = tiny_model(tmp_path / "model", calibration=calibration)
     table = images / "list.csv"
     with table.open("w", newline="") as f:
@@ -121,7 +128,8 @@ def test_a_csv_input_scores_as_the_folder_and_calibration_fills_the_probability(
     assert code == 0 and NO_CALIBRATION not in capsys.readouterr().out
     expected = _evaluate_scores(tmp_path, images, model_dir)[:, 0]
     np.testing.assert_allclose(rows["finding_score"].astype(float), expected, atol=1e-6)
-    probability = np.interp(rows["finding_score"].astype(float), *calibration[0].values())
+    knots = calibration[0]
+    probability = np.interp(rows["finding_score"].astype(float), knots["x"], knots["y"])
     np.testing.assert_allclose(rows["finding_probability"].astype(float), probability, atol=1e-12)
 
 

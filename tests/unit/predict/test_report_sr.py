@@ -28,7 +28,7 @@ def predicted(tmp_path, capsys):
         for i in range(2):
             write_study_dicom(root / f"s{s}" / f"{i}.dcm", study, patient, seed=10 * s + i)
     write_png(root / "photo.png", 100, seed=5)
-    calibration = [{"x": [0.0, 1.0], "y": [0.05, 0.95]}]
+    calibration = [{"label": "label", "method": "isotonic", "x": [0.0, 1.0], "y": [0.05, 0.95]}]
     model_dir = tiny_model(tmp_path / "model", calibration=calibration, threshold=[0.5])
     out, sr_dir = tmp_path / "p.csv", tmp_path / "sr"
     code = main(["predict", "--model", str(model_dir), "--images", str(root), "--out", str(out),

@@ -1,4 +1,5 @@
-"""A real PACS for tests: Debian's Orthanc with its DICOMweb plugin, on loopback, with a login.
+"""A real PACS for tests and benchmarks: Debian's Orthanc with its DICOMweb plugin, on loopback,
+with a login.
 
 ``.ci/run`` installs ``orthanc`` and ``orthanc-dicomweb``; a machine without them fails the
 tests that need it with that instruction (never a silent skip).
