@@ -1,5 +1,6 @@
 """``fed-auc predict``: score new images with a registered model into a CSV (and one DICOM
-Structured Report per study), recorded in the run store (``fed_auc.predict``).
+Structured Report per study, optionally stored back to the PACS), recorded in the run store
+(``fed_auc.predict``). Images come from a folder, a CSV or a PACS query (``--pacs SITE_FILE``).
 
 Bad input (no model, an empty folder, a CSV without a path column) is refused in one line
 before anything is written. An image that cannot be read is named in the CSV and in one line
@@ -30,12 +31,31 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="a CSV with a Path/path/image column (relative to the CSV's folder)",
     )
+    source.add_argument(
+        "--pacs",
+        type=Path,
+        metavar="SITE_FILE",
+        help="the studies a query finds on the PACS this site file's [data.pacs] names (its "
+        "url, login and query), fetched into the site's state directory",
+    )
+    p.add_argument(
+        "--query",
+        action="append",
+        metavar="KEY=VALUE",
+        help="--pacs: a QIDO-RS filter instead of the site file's query (repeatable), e.g. "
+        "StudyDate=20261101-20261130",
+    )
     p.add_argument("--out", required=True, type=Path, help="the prediction CSV to write")
     p.add_argument(
         "--sr-dir",
         type=Path,
         metavar="DIR",
         help="also write one DICOM Structured Report per study (DICOM inputs)",
+    )
+    p.add_argument(
+        "--stow",
+        action="store_true",
+        help="--pacs with --sr-dir: store the structured reports on that PACS (STOW-RS)",
     )
     p.add_argument(
         "--store",
@@ -75,12 +95,25 @@ def default_store(model: str | Path) -> Path:
     return runs if (runs / STORE_FILE).is_file() else Path("runs")
 
 
+def parse_query(pairs: list[str] | None) -> dict[str, str] | None:
+    """``--query KEY=VALUE`` pairs as a QIDO-RS filter table (None: the site file's)."""
+    if not pairs:
+        return None
+    query = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--query {pair!r}: expected KEY=VALUE, e.g. ModalitiesInStudy=DX")
+        query[key.strip()] = value.strip()
+    return query
+
+
 def predict_command(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fed_auc.node.compute import Compute
-    from fed_auc.predict.items import csv_items, folder_items
-    from fed_auc.predict.job import run_prediction
+    from fed_auc.predict.items import csv_items, folder_items, pacs_items
+    from fed_auc.predict.job import run_prediction, store_reports
 
     try:
         if not Path(args.model).exists():
@@ -89,8 +122,16 @@ def predict_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size must be ≥ 1, got {args.batch_size}")
         if args.workers < 0:
             raise ValueError(f"--workers must be ≥ 0, got {args.workers}")
+        if args.stow and (args.pacs is None or args.sr_dir is None):
+            raise ValueError(
+                "--stow stores the reports of --sr-dir on the PACS of --pacs: give both"
+            )
+        if args.query and args.pacs is None:
+            raise ValueError("--query filters the studies of --pacs SITE_FILE")
         if args.images is not None:
             inputs = folder_items(args.images)
+        elif args.pacs is not None:
+            inputs = pacs_items(args.pacs, parse_query(args.query))
         else:
             inputs = csv_items(args.csv, args.images_outside_root)
         compute = Compute.of(args.device or "auto", args.precision or "fp32")
@@ -133,5 +174,10 @@ def predict_command(args: argparse.Namespace) -> int:
     print(f"predictions: {result.output}")
     if args.sr_dir is not None:
         print(f"structured reports: {len(result.reports)} in {args.sr_dir}")
+    if args.stow and result.reports:
+        try:
+            print(store_reports(args.pacs, result.reports))
+        except ValueError as exc:  # the CSV and the reports are written: say what was not
+            raise SystemExit(f"fed-auc predict: reports not stored: {exc}") from None
     print(f"prediction job {result.job_id} in {store}")
     return PARTIAL if result.failures else 0

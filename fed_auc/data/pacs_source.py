@@ -56,7 +56,7 @@ def fetch_site_images(
             missing.append(f"{labels_csv} line {row['_line']}: {source.key} {row[source.key]}")
             continue
         for instance in found:
-            path = _fetched(pacs, instance, folder)
+            path = fetched_instance(pacs, instance, folder)
             patient = row[patient_column] if patient_column else instance["PatientID"]
             rows.append(
                 {
@@ -123,7 +123,7 @@ def _find(pacs: Pacs, source: PacsSource, folder: Path) -> list[dict[str, str]]:
     return instances
 
 
-def _fetched(pacs: Pacs, instance: dict[str, str], folder: Path) -> Path:
+def fetched_instance(pacs: Pacs, instance: dict[str, str], folder: Path) -> Path:
     """The instance's file here, fetched from the PACS if it is not here yet."""
     study, sop = instance["StudyInstanceUID"], instance["SOPInstanceUID"]
     path = folder / _safe(study) / f"{_safe(sop)}.dcm"

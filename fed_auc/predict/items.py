@@ -124,3 +124,34 @@ def csv_items(csv_path: str | Path, images_outside_root: bool = False) -> Inputs
     lines = list(range(2, len(cells) + 2))  # the header is line 1
     paths = contained_paths(csv_path, csv_path.parent, cells, lines, images_outside_root)
     return Inputs([file_item(p) for p in paths], f"csv {csv_path.resolve()}")
+
+
+def pacs_items(site_file: str | Path, query: dict[str, str] | None = None) -> Inputs:
+    """Every instance of the studies a query finds on the PACS a site file names
+    (``[data.pacs]``: url, login, CA; ``query`` replaces its query), fetched into the site's
+    state directory (once: ``fed_auc.data.pacs_source``); patient data stay at the site."""
+    import dataclasses
+
+    from fed_auc.data.dicomweb import Pacs, PacsSource
+    from fed_auc.data.pacs_source import FOLDER, fetched_instance
+    from fed_auc.site import SiteDefinition
+
+    site = SiteDefinition.from_toml(site_file)
+    if "pacs" not in site.data:
+        raise ValueError(f"--pacs {site_file}: no [data.pacs] table (a PACS site file)")
+    source = PacsSource.from_table(site.data["pacs"], str(site_file))
+    if query is not None:
+        source = dataclasses.replace(source, query=dict(query))
+    pacs = Pacs(source)
+    instances = sorted(
+        pacs.find_instances(),
+        key=lambda i: (i["StudyInstanceUID"], i["SeriesInstanceUID"], i["SOPInstanceUID"]),
+    )
+    if not instances:
+        raise ValueError(f"the PACS at {source.url} has no instance for query {dict(source.query)}")
+    folder = site.cache_dir / FOLDER
+    items = [file_item(fetched_instance(pacs, i, folder)) for i in instances]
+    # the query's keys, not its values: a query may name a patient, and the store is not
+    # the place for patient identifiers
+    keys = ", ".join(sorted(source.query)) or "none"
+    return Inputs(items, f"PACS {source.url} (site {site.name}; query on {keys})")

@@ -129,3 +129,16 @@ def record(result: PredictionResult, inputs: Inputs, sr_dir: str | Path | None) 
         "sr_count": len(result.reports),
         "calibrated": int(model.calibration is not None),
     }
+
+
+def store_reports(site_file: str | Path, reports: list[Path]) -> str:
+    """Store the written SRs on the PACS the site file names (STOW-RS); the line that says so."""
+    import pydicom
+
+    from fed_auc.data.dicomweb import Pacs, PacsSource
+    from fed_auc.site import SiteDefinition
+
+    site = SiteDefinition.from_toml(site_file)
+    source = PacsSource.from_table(site.data["pacs"], str(site_file))
+    Pacs(source).store([pydicom.dcmread(path) for path in reports])
+    return f"stored {len(reports)} structured report(s) on the PACS at {source.url} (STOW-RS)"
