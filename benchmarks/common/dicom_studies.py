@@ -127,7 +127,7 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
 
 def pacs_site_file(
     folder: Path, name: str, url: str, labels: Path, password_env: str | None,
-    user: str = "hospital", extra: str = "",
+    user: str = "fed-auc", extra: str = "",
 ) -> Path:  # fmt: skip
     """A site file whose images come from the PACS at ``url``."""
     login = f'username = "{user}"\npassword_env = "{password_env}"\n' if password_env else ""
@@ -141,10 +141,11 @@ def pacs_site_file(
     return path
 
 
-def files_site_file(folder: Path, name: str, csv_path: Path) -> Path:
+def files_site_file(folder: Path, name: str, csv_path: Path, extra: str = "") -> Path:
+    """A site file of the same images as files (``extra``: more [data] lines)."""
     path = folder / f"{name}.toml"
     path.write_text(
-        f'name = "{name}"\n\n[data]\nspec = "csv:{csv_path}"\nimages_outside_root = true\n\n'
-        f'[node]\nstate_dir = "state/{name}"\n'
+        f'name = "{name}"\n\n[data]\nspec = "csv:{csv_path}"\nimages_outside_root = true\n'
+        f'{extra}\n\n[node]\nstate_dir = "state/{name}"\n'
     )
     return path

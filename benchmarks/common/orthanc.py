@@ -19,7 +19,7 @@ import requests
 from fed_auc.transport.flower.processes import free_port
 
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
-USER, PASSWORD = "hospital", "orthanc-test-password"
+USER, PASSWORD = "fed-auc", "the PACS password of user fed-auc"  # as hospitals/README.md
 PASSWORD_ENV = "FED_AUC_TEST_PACS_PASSWORD"
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fed_auc.data.cache import FILE_MODE, FOLDER_MODE
 from fed_auc.data.csv_images import PATIENT_COLUMNS
 from fed_auc.data.dicomweb import Pacs, PacsError, PacsSource
 
@@ -34,8 +35,7 @@ def fetch_site_images(
     """Fetch the labelled images the query finds (those not fetched before) and write the
     image CSV of them; returns its path. A labelled image the PACS lacks is an error naming
     the labels file's line (``skip_missing``: a warning, the row left out)."""
-    folder = cache_dir / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(cache_dir / FOLDER)
     labels = _read_labels(labels_csv, source.key)
     pacs = Pacs(source)
     instances = _find(pacs, source, folder)
@@ -128,7 +128,7 @@ def fetched_instance(pacs: Pacs, instance: dict[str, str], folder: Path) -> Path
     study, sop = instance["StudyInstanceUID"], instance["SOPInstanceUID"]
     path = folder / _safe(study) / f"{_safe(sop)}.dcm"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         _write_atomically(path, pacs.fetch(study, instance["SeriesInstanceUID"], sop))
     return path
 
@@ -140,9 +140,19 @@ def _safe(uid: str) -> str:
     return uid
 
 
+def private_folder(folder: Path) -> Path:
+    """``folder`` (made if missing) readable by the node's user only, as the image cache."""
+    folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+    os.chmod(folder, FOLDER_MODE)
+    return folder
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a partial file: never half a file."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
     os.replace(partial, path)
 
 

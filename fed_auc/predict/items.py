@@ -133,7 +133,7 @@ def pacs_items(site_file: str | Path, query: dict[str, str] | None = None) -> In
     import dataclasses
 
     from fed_auc.data.dicomweb import Pacs, PacsSource
-    from fed_auc.data.pacs_source import FOLDER, fetched_instance
+    from fed_auc.data.pacs_source import FOLDER, fetched_instance, private_folder
     from fed_auc.site import SiteDefinition
 
     site = SiteDefinition.from_toml(site_file)
@@ -149,7 +149,7 @@ def pacs_items(site_file: str | Path, query: dict[str, str] | None = None) -> In
     )
     if not instances:
         raise ValueError(f"the PACS at {source.url} has no instance for query {dict(source.query)}")
-    folder = site.cache_dir / FOLDER
+    folder = private_folder(site.cache_dir / FOLDER)
     items = [file_item(fetched_instance(pacs, i, folder)) for i in instances]
     # the query's keys, not its values: a query may name a patient, and the store is not
     # the place for patient identifiers

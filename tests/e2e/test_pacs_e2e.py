@@ -25,17 +25,18 @@ from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.simulation import run_simulation
 from fed_auc.transport.flower.processes import free_port
-from tests.support.flower_files import _coordinator, _fed_auc, _summary
+from tests.support.flower_files import _coordinator, _fed_auc, _store, _summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
+SKIP = "skip_bad_images = true"  # the undecodable study: a warning, the others train
 EXPERIMENT = {"algorithm": "codasca", "model": "tiny", "rounds": 2, "local_steps": 2,
               "batch_size": 8, "image_size": 28, "lr": 0.1, "select": "last"}  # fmt: skip
 
 
-def _as_files(root: Path, name: str, csv: Path) -> Path:
+def _as_files(root: Path, name: str, csv: Path, extra: str = "") -> Path:
     """A files site with the PACS site's name (its batches are seeded by the name)."""
-    path = files_site_file(root, f"{name}_files", csv)
+    path = files_site_file(root, f"{name}_files", csv, extra)
     text = path.read_text().replace(f'name = "{name}_files"', f'name = "{name}"')
     path.write_text(text)
     return path
@@ -46,11 +47,14 @@ def test_a_node_trains_from_its_pacs_as_from_the_same_files(tmp_path, monkeypatc
     server = start_orthanc(tmp_path / "orthanc")
     nodes = []
     try:
-        images = make_studies(tmp_path / "dicom", corrupt=False)
+        # labelled studies, two without a label, one labelled that cannot be decoded
+        images = make_studies(tmp_path / "dicom", corrupt=True)
         for image in images:
             server.upload(image.path)
         labels = write_labels(tmp_path / "labels.csv", images, splits=True)
-        pacs = pacs_site_file(tmp_path, "radiology", server.dicomweb, labels, PASSWORD_ENV)
+        pacs = pacs_site_file(
+            tmp_path, "radiology", server.dicomweb, labels, PASSWORD_ENV, extra=SKIP
+        )
         files = write_files_csv(tmp_path / "radiology.csv", images, splits=True)
         other_images = make_studies(tmp_path / "other_dicom", patients=20, unlabelled=0)
         other = files_site_file(
@@ -75,7 +79,7 @@ def test_a_node_trains_from_its_pacs_as_from_the_same_files(tmp_path, monkeypatc
     expected = run_simulation(
         ExperimentConfig(
             **EXPERIMENT,
-            site_files=[str(_as_files(tmp_path, "radiology", files)), str(other)],
+            site_files=[str(_as_files(tmp_path, "radiology", files, SKIP)), str(other)],
             runs_dir=str(tmp_path / "sim"),
         )  # fmt: skip
     )
@@ -86,7 +90,10 @@ def test_a_node_trains_from_its_pacs_as_from_the_same_files(tmp_path, monkeypatc
     log = (tmp_path / "radiology.log").read_text()
     assert "Traceback" not in log
     fetched = list((tmp_path / "state" / "radiology").rglob("pacs/*/*.dcm"))
-    assert len(fetched) == sum(i.label is not None for i in images)
+    assert len(fetched) == sum(i.label is not None for i in images)  # unlabelled: not fetched
+    _, sites, _ = _store(tmp_path / "flower", summary["run_id"])
+    read = sum(sites["radiology"][split]["n"] for split in ("train", "val", "test"))
+    assert read == len(fetched) - 1  # the undecodable one was skipped, the others read
 
 
 def test_evaluate_scores_a_pacs_site_as_it_scores_the_same_files(tmp_path, monkeypatch):

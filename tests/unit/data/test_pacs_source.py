@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 
 import numpy as np
 import pytest
@@ -77,6 +78,9 @@ def test_a_pacs_site_reads_the_same_images_labels_and_splits_as_the_same_files(
     fetched = sorted((site.cache_dir / FOLDER).glob("*/*.dcm"))
     assert len(fetched) == len(labelled)  # the unlabelled studies are not fetched
     assert {p.stem for p in fetched} == {i.sop for i in labelled}
+    # private to the node's user, as the image cache
+    assert {stat.S_IMODE(p.stat().st_mode) for p in fetched} == {0o600}
+    assert stat.S_IMODE((site.cache_dir / FOLDER).stat().st_mode) == 0o700
 
 
 def test_images_are_fetched_once_and_a_pacs_that_is_down_later_leaves_the_site_usable(
@@ -139,7 +143,7 @@ def test_an_unreachable_pacs_a_refused_login_and_a_missing_password_are_one_line
     nowhere = f"http://127.0.0.1:{free_port()}/dicom-web"
     cases = [
         (nowhere, PASSWORD, rf"cannot reach the PACS at {nowhere} to find studies"),
-        (server.dicomweb, "wrong", r"refused the login \(401\) to find studies .*'hospital'"),
+        (server.dicomweb, "wrong", r"refused the login \(401\) to find studies .*'fed-auc'"),
         (server.dicomweb, None, rf"environment variable {PASSWORD_ENV}, which is not set"),
     ]
     for i, (url, secret, message) in enumerate(cases):
