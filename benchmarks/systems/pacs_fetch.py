@@ -63,6 +63,15 @@ def measure(images: int, size: int, root: Path) -> dict[str, float]:
             "again_per_s": n / again, "fetch_over_plain": plain / fetch}  # fmt: skip
 
 
+def table(images: int, sizes: list[int]) -> list[dict[str, float]]:
+    """One measurement per image size, each on a fresh Orthanc in a temporary folder."""
+    rows = []
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as folder:
+            rows.append(measure(images, size, Path(folder)))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=200, help="patients (a quarter with 2)")
@@ -75,10 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         "(img/s) | ratio | loaded again (img/s) |"
     )
     print("|---|---|---|---|---|---|")
-    for size in args.sizes:
-        with tempfile.TemporaryDirectory() as folder:
-            r = measure(args.images, size, Path(folder))
-        print(f"| {size} | {r['images']} | {r['plain_per_s']:.0f} | {r['fetch_per_s']:.0f} | "
+    for r in table(args.images, args.sizes):
+        print(f"| {r['size']} | {r['images']} | {r['plain_per_s']:.0f} | {r['fetch_per_s']:.0f} | "
               f"{r['fetch_over_plain']:.2f} | {r['again_per_s']:.0f} |")  # fmt: skip
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
