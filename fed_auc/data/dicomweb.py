@@ -11,6 +11,8 @@ A site file names the server in ``[data.pacs]``::
     username = "fed-auc"            # optional HTTP basic authentication ...
     password_env = "PACS_PASSWORD"  # ... its password from this environment variable, never
                                     # from the file
+    token_env = "PACS_TOKEN"        # or a bearer token (OAuth 2.0: cloud DICOM services) from
+                                    # this environment variable
     ca = "pacs-ca.pem"              # optional: the CA of an HTTPS server (relative to the file)
     timeout_s = 30                  # per request
     attempts = 3                    # tries of a request that fails (connection, 429, 503, 504),
@@ -28,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KEYS = ("url", "query", "key", "username", "password_env", "ca", "timeout_s", "attempts")
+KEYS = (
+    "url", "query", "key", "username", "password_env", "token_env", "ca", "timeout_s", "attempts",
+)  # fmt: skip
 UID_KEYS = ("SOPInstanceUID", "StudyInstanceUID")
 # What QIDO-RS is asked to return for each instance (DICOM keyword → tag).
 FIELDS = {
@@ -53,6 +57,7 @@ class PacsSource:
     key: str = "SOPInstanceUID"
     username: str | None = None
     password_env: str | None = None
+    token_env: str | None = None
     ca: Path | None = None
     timeout_s: float = 30.0
     attempts: int = 3
@@ -87,6 +92,12 @@ class PacsSource:
                 f"{where}: [data.pacs] username and password_env go together (the password "
                 "is read from the environment variable password_env names)"
             )
+        token_env = table.get("token_env")
+        if token_env is not None and (not isinstance(token_env, str) or username is not None):
+            raise ValueError(
+                f"{where}: [data.pacs] token_env = {token_env!r}: the name of an environment "
+                "variable holding a bearer token, instead of username and password_env"
+            )
         timeout = table.get("timeout_s", 30.0)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ValueError(f"{where}: [data.pacs] timeout_s = {timeout!r}: seconds > 0")
@@ -100,6 +111,7 @@ class PacsSource:
             key=key,
             username=username,
             password_env=password_env,
+            token_env=token_env,
             ca=None if ca is None else (folder or Path()) / str(ca),
             timeout_s=float(timeout),
             attempts=attempts,
@@ -110,6 +122,8 @@ class PacsSource:
         table: dict[str, Any] = {"url": self.url, "query": dict(self.query), "key": self.key}
         if self.username is not None:
             table |= {"username": self.username, "password_env": self.password_env}
+        if self.token_env is not None:
+            table["token_env"] = self.token_env
         if self.ca is not None:
             table["ca"] = str(self.ca)
         return table | {"timeout_s": self.timeout_s, "attempts": self.attempts}
@@ -133,6 +147,14 @@ class Pacs:
             session = create_session_from_user_pass(source.username, password)
         else:
             session = create_session()
+        if source.token_env is not None:
+            token = os.environ.get(source.token_env)
+            if not token:
+                raise PacsError(
+                    f"PACS {source.url}: the bearer token is read from the environment variable "
+                    f"{source.token_env}, which is not set"
+                )
+            session.headers["Authorization"] = f"Bearer {token}"
         if source.ca is not None:
             session.verify = str(source.ca)
         self.client = DICOMwebClient(url=source.url, session=session, timeout=source.timeout_s)
@@ -202,7 +224,11 @@ class Pacs:
             status = exc.response.status_code if exc.response is not None else None
             if status in (401, 403):
                 who = self.source.username
-                login = f"user {who!r}" if who else "no login (username/password_env unset)"
+                login = (
+                    f"user {who!r}" if who
+                    else f"the bearer token of {self.source.token_env}" if self.source.token_env
+                    else "no login (username/password_env or token_env unset)"
+                )  # fmt: skip
                 raise PacsError(
                     f"the PACS at {url} refused the login ({status}) to {what}: {login}"
                 ) from None

@@ -215,3 +215,52 @@ def test_simulate_from_the_pacs_trains_the_same_model_as_from_the_same_files(
         torch.testing.assert_close(got[name], tensor, atol=0, rtol=0)
     assert from_pacs["global_auc"] == pytest.approx(from_files["global_auc"], abs=1e-12)
     assert np.all(np.isfinite(from_pacs["global_auc"]))
+
+
+def test_a_bearer_token_is_sent_and_a_refused_one_is_named(monkeypatch):
+    """A DICOMweb service behind OAuth (a cloud DICOM store): a stand-in server on loopback
+    answers QIDO-RS only to the right bearer token."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from fed_auc.data.dicomweb import Pacs, PacsSource
+
+    seen = []
+
+    class Service(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            good = self.headers.get("Authorization") == "Bearer good-token"
+            body = b"[]" if good else b""
+            self.send_response(200 if good else 401)
+            self.send_header("Content-Type", "application/dicom+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/dicom-web"
+        source = PacsSource.from_table(
+            {"url": url, "token_env": "FED_AUC_TEST_TOKEN", "attempts": 1}, "test"
+        )
+        monkeypatch.setenv("FED_AUC_TEST_TOKEN", "good-token")
+        assert Pacs(source).find_instances() == []
+        monkeypatch.setenv("FED_AUC_TEST_TOKEN", "stolen")
+        with pytest.raises(ValueError, match="refused the login .*bearer token of FED_AUC_TEST"):
+            Pacs(source).find_instances()
+        assert seen == ["Bearer good-token", "Bearer stolen"]
+        monkeypatch.delenv("FED_AUC_TEST_TOKEN")
+        with pytest.raises(ValueError, match="FED_AUC_TEST_TOKEN, which is not set"):
+            Pacs(source)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ValueError, match="instead of username and password_env"):
+        PacsSource.from_table(
+            {"url": url, "token_env": "T", "username": "u", "password_env": "P"}, "test"
+        )
