@@ -1,4 +1,4 @@
-"""Rounds and wall time to a target AUC under a hospital's link (issue 41, item 3).
+"""Rounds and wall time to a target AUC under a hospital's link.
 
 Each arm (a backend and its communication window I, the same T local steps per site) trains
 the synthetic federation in-process, as ``benchmarks/claims/communication.py`` does, and its

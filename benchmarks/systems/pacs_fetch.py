@@ -1,4 +1,4 @@
-"""Images per second from a PACS: Debian's Orthanc (DICOMweb plugin) on loopback (issue 40).
+"""Images per second from a PACS: Debian's Orthanc (DICOMweb plugin) on loopback.
 
 N labelled 16-bit instances at each image size are stored in a fresh Orthanc. Three ways to
 get them, side by side on the same server:
