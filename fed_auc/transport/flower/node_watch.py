@@ -41,7 +41,8 @@ REFUSED = "401 Unauthorized"  # a SuperLink that does not know this node (e.g. r
 # How long a SuperLink holds the session of a node that went away: Flower's HEARTBEAT_PATIENCE
 # x HEARTBEAT_DEFAULT_INTERVAL (flwr.common.constant); the node's restart is refused until then.
 SESSION_HELD_S = 2 * 30.0
-REJOIN_PATIENCE_S = 90.0  # then a refusal of a node that joined before means its key is gone
+REJOIN_PATIENCE_S = 180.0  # then a refusal of a node that joined before means its key is gone
+# (3 x SESSION_HELD_S: on a loaded CI machine a restarted node was refused for over 90 s)
 STARTUP_PATIENCE_S = 30.0  # then a refusal of any other node means its key is not registered
 JOINED_FILE = "joined.json"
 
