@@ -121,7 +121,12 @@ def test_a_refusal_of_a_node_that_joined_before_says_its_session_is_still_held()
 
 
 def test_a_restarted_node_hears_its_session_is_held_before_that_its_key_is_unknown(tmp_path):
-    from fed_auc.transport.flower.node_watch import JOINED_FILE, Joined, SupernodeWatch
+    from fed_auc.transport.flower.node_watch import (
+        JOINED_FILE,
+        REJOIN_PATIENCE_S,
+        Joined,
+        SupernodeWatch,
+    )
 
     log = tmp_path / "supernode.log"
     first = SupernodeWatch("north", ADDRESS, None, tmp_path, "SHA256:abc")
@@ -137,7 +142,7 @@ def test_a_restarted_node_hears_its_session_is_held_before_that_its_key_is_unkno
     )
     watch.feed(STARTED + REFUSED)
     assert watch.exited(1, log) == ""  # once, not at every retry
-    watch.refused_since -= 91  # refused for longer than the session can be held
+    watch.refused_since -= REJOIN_PATIENCE_S + 1  # refused for longer than a session is held
     watch.feed(STARTED + REFUSED)
     assert watch.exited(1, log).startswith("north: this key is not registered at the coordinator")
     watch.feed(STARTED + JOINED)
