@@ -10,6 +10,12 @@ from typing import Any
 
 from fed_auc.coordinator.local_work import LocalWork
 from fed_auc.coordinator.robust import Aggregation
+from fed_auc.exchange.compression import check_mode
+
+COMPRESS_WITH_SECURE = (
+    "compress and secure_aggregation cannot be combined yet: a masked vector travels as "
+    "fixed-point words, which compression does not shrink; choose one"
+)
 
 
 @dataclass(frozen=True)
@@ -19,9 +25,10 @@ class RoundPolicy:
     between evaluations (round 0 and the last always); ``max_update_norm`` and
     ``aggregation``: which replies are accepted and how they are averaged; ``secure``: a
     ``SecureAggregation`` (fed_auc.coordinator.secure_phase), the coordinator then learns only
-    sums of replies; ``pooled_scoring``: whether per-image validation scores may leave the
-    sites; ``dp_relation``: the neighbouring relation the sites' ε are for, recorded beside
-    each ε."""
+    sums of replies; ``compress``: how train requests and replies travel (none, fp16,
+    int8: ``fed_auc.exchange.compression``); ``pooled_scoring``: whether per-image validation
+    scores may leave the sites; ``dp_relation``: the neighbouring relation the sites' ε are
+    for, recorded beside each ε."""
 
     participation: float = 1.0
     seed: int = 0
@@ -32,6 +39,7 @@ class RoundPolicy:
     secure: Any = None
     pooled_scoring: bool = True
     dp_relation: str | None = None
+    compress: str = "none"
 
     def __post_init__(self) -> None:
         if not 0 < self.participation <= 1:
@@ -39,3 +47,6 @@ class RoundPolicy:
         every = self.eval_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"eval_every must be an integer >= 1, got {every!r}")
+        check_mode(self.compress)
+        if self.compress != "none" and self.secure is not None:
+            raise ValueError(COMPRESS_WITH_SECURE)

@@ -11,6 +11,7 @@ from typing import Any
 
 from fed_auc.algorithms import ALGORITHMS, build_backend
 from fed_auc.algorithms.partial import parse_budget
+from fed_auc.coordinator.policy import COMPRESS_WITH_SECURE
 from fed_auc.coordinator.robust import Aggregation
 from fed_auc.data.labels import (
     validate_classes,
@@ -148,6 +149,8 @@ class ExperimentChecks:
 
     def _check_secure_aggregation(self, backend) -> None:
         """Refuse, by name and with the reason, what secure aggregation cannot do."""
+        if self.secure_aggregation and self.compress != "none":
+            raise ValueError(COMPRESS_WITH_SECURE)
         if not self.secure_aggregation:
             for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):
                 if getattr(self, name) is not None:

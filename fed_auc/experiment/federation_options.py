@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fed_auc.algorithms import ALGORITHMS
 from fed_auc.coordinator.local_work import LocalWork
+from fed_auc.exchange.compression import MODES
 from fed_auc.experiment.kinds import Integer, Interval, OneOf, Parsed
 from fed_auc.experiment.option import option
 from fed_auc.node.compute import PRECISIONS, check_device
@@ -79,6 +80,18 @@ class FederationOptions:
         help="fraction of sites sampled per round (seeded)",
         group="federation",
         check=Interval(0, 1, "(]"),
+    )
+    compress: str = option(
+        "none",
+        help="how train requests and replies travel: none, fp16 or int8 (an update's values, "
+        "stochastically rounded per row)",
+        group="federation",
+        check=OneOf(MODES),
+        doc="what train requests and replies carry on the wire: `fp16` (2× fewer bytes) or "
+        "`int8` (per-row scale, stochastic rounding: unbiased; ~4× fewer); a reply carries its "
+        "update from the broadcast, added back to the exact model; after DP noise (ε "
+        "unchanged); evaluation requests stay fp32; not with `--secure-aggregation` "
+        "([BENCHMARKS.md](../BENCHMARKS.md#compression-on-the-wire-benchmarkssystemscompressionpy))",
     )
     seed: int = option(
         0,

@@ -24,6 +24,7 @@ from fed_auc.exchange import (
     EvaluationRequest,
     Reply,
 )
+from fed_auc.exchange.compression import received_broadcast
 from fed_auc.metrics.auc import mean_auc
 from fed_auc.metrics.wording import auc_text, class_text
 from fed_auc.node.compare import site_comparison
@@ -101,6 +102,7 @@ class NodeHost:
         pending state. The site's own τ_i (its file) wins over the one asked for."""
         node = self._current()
         self.guard.train(broadcast, self.setup)
+        broadcast = received_broadcast(broadcast)  # a compressed request, decoded
         position = (broadcast.round, node.backend.phases.index(broadcast.phase))
         if self._latest is not None and position < self._latest:
             raise ValueError(f"stale request for round {broadcast.round + 1}: already past it")

@@ -36,6 +36,7 @@ from fed_auc.data.digest import site_data_digest
 from fed_auc.data.poisson import PoissonBatches
 from fed_auc.data.sampling import BatchStream
 from fed_auc.exchange import Broadcast, Evaluation, Reply, SplitEvaluation
+from fed_auc.exchange.compression import compress_reply
 from fed_auc.io import load_state, remove_stale_temporaries, save_state
 from fed_auc.metrics.auc import per_label_auc
 from fed_auc.metrics.operating_point import default_edges, score_bins
@@ -234,11 +235,14 @@ class Node:
         except Exception:
             self._local_state, self._personal = None, {}  # back to what is on disk
             raise
-        if privacy.changes_reply:  # the state kept must match the reply that leaves
-            self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
-        reply = sent
+        wire = sent
         if CONFIG_KEY in broadcast.config:  # secure aggregation: only the masked vector leaves
-            reply = self._client().masked_reply(reply, broadcast, self.backend)
+            wire = self._client().masked_reply(sent, broadcast, self.backend)
+        else:  # compressed after the privacy mechanism: ε is unchanged
+            wire, sent = compress_reply(sent, broadcast)
+        if sent is not reply:  # the state kept must match what the coordinator will read
+            self._local_state = self.backend.reply_sent(reply, sent, broadcast, self._local_state)
+        reply = wire
         reply.metrics = {**reply.metrics, **meter.metrics(images)}
         self._pending_tag = [broadcast.round, self.backend.phases.index(broadcast.phase)]
         state = {

@@ -58,5 +58,6 @@ def round_policy(config: ExperimentConfig, **given: Any) -> RoundPolicy:
         aggregation=Aggregation.parse(config.aggregation),
         secure=secure_aggregation(config),
         dp_relation=config.dp_relation(),
+        compress=config.compress,
         **given,
     )
