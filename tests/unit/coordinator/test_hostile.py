@@ -15,6 +15,7 @@ from fed_auc.algorithms.fed_norm_sgda import momentum_a_norm
 from fed_auc.coordinator.screening import InvalidReply, validate_answer
 from fed_auc.data.synthetic import DEFAULT_PROFILES
 from fed_auc.exchange import Broadcast, Reply
+from fed_auc.exchange.compression import SCALE
 from fed_auc.experiment.config import ExperimentConfig
 from fed_auc.io import load_torch
 from fed_auc.node.host import NodeHost
@@ -406,3 +407,83 @@ def test_codasca_with_zero_steps_never_reaches_the_control_variate() -> None:
     check(backend, request, reply)
     completed = backend.complete_reply(reply, request)
     assert all(bool(torch.isfinite(t).all()) for t in completed.tensors.values())
+
+
+# -- compressed replies (--compress int8): the encoding itself is hostile ---------------------
+def _scale_of(reply) -> str:
+    return first_weight(reply) + SCALE
+
+
+def negative_scale(reply):
+    reply.tensors[_scale_of(reply)] = -reply.tensors[_scale_of(reply)] - 1
+
+
+def nan_scale(reply):
+    reply.tensors[_scale_of(reply)][0] = float("nan")
+
+
+def huge_scale(reply):
+    for name in [n for n in reply.tensors if n.endswith(SCALE)]:
+        reply.tensors[name] = reply.tensors[name] * 1e9
+
+
+def orphan_scale(reply):
+    reply.tensors["w/evil" + SCALE] = torch.ones(1)
+
+
+def uncompressed(reply):
+    name = first_weight(reply)
+    reply.tensors[name] = reply.tensors[name].float()
+
+
+def rescaled_rows(reply):
+    reply.tensors[_scale_of(reply)] = reply.tensors[_scale_of(reply)][:-1]
+
+
+COMPRESSED_TAMPERINGS = {
+    "negative scale": (negative_scale, "negative or non-finite scale"),
+    "nan scale": (nan_scale, "negative or non-finite scale"),
+    "huge scale": (huge_scale, "exceeds the bound"),
+    "orphan scale": (orphan_scale, "scales no tensor"),
+    "float32 in an int8 run": (uncompressed, "expected torch.int8 (int8)"),
+    "wrong number of scales": (rescaled_rows, "float32 values"),
+}
+
+
+@pytest.fixture(scope="module")
+def excluded_int8(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """As ``excluded``, with every request and reply compressed to int8."""
+    monkeypatch = pytest.MonkeyPatch()
+
+    def fail(self, broadcast, original):
+        raise RuntimeError("node down")
+
+    try:
+        summary = run(tmp_path_factory.mktemp("excluded_int8"), monkeypatch, fail, compress="int8")
+    finally:
+        monkeypatch.undo()
+    return load_torch(summary["model_path"])["state_dict"]
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSED_TAMPERINGS))
+def test_a_hostile_compressed_reply_is_rejected_and_never_averaged(
+    tmp_path, monkeypatch, excluded_int8, kind
+) -> None:
+    tamper, message = COMPRESSED_TAMPERINGS[kind]
+
+    def hostile(self, broadcast, original):
+        reply = original(self, broadcast)
+        assert reply.tensors[first_weight(reply)].dtype == torch.int8  # what travels
+        tamper(reply)
+        return reply
+
+    summary = run(tmp_path, monkeypatch, hostile, compress="int8")
+    with RunStore(tmp_path) as store:
+        rows = store.site_rounds(summary["run_id"])
+        assert set(rows[(rows["site"] == BAD) & (rows["round"] > 0)]["status"]) == {"rejected"}
+        events = store.events(summary["run_id"])
+        rejected = events[events["site"] == BAD]["message"]
+        assert len(rejected) == 2 and rejected.str.contains(message, regex=False).all(), rejected
+    model = load_torch(summary["model_path"])["state_dict"]
+    for name, tensor in excluded_int8.items():
+        assert torch.equal(model[name], tensor), name
