@@ -33,6 +33,7 @@ from benchmarks.common.fragment import emit, provenance
 
 LINKS_MBIT = ((10, 10), (50, 50), (1000, 1000))  # (downlink, uplink), Mbit/s
 ARMS = (("codasca", 4), ("codasca", 16), ("coda_plus", 4), ("coda_plus", 16))
+COMPRESSION = ("none",)  # --compress: each arm with each of these
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,11 @@ def costs_of_run(runs_dir: str | Path, run_id: str, batch_size: int) -> list[Rou
     return out
 
 
-def train_arm(algorithm: str, window: int, steps: int, seed: int, options: dict) -> dict:
-    """Train one arm (T = ``steps`` local steps per site, rounds of I = ``window``), evaluated
-    every round; its round costs."""
+def train_arm(
+    algorithm: str, window: int, steps: int, seed: int, options: dict, compress: str = "none"
+) -> dict:
+    """Train one arm (T = ``steps`` local steps per site, rounds of I = ``window``, requests
+    and replies as ``compress`` sends them), evaluated every round; its round costs."""
     import torch
 
     from fed_auc.experiment.config import ExperimentConfig
@@ -117,11 +120,13 @@ def train_arm(algorithm: str, window: int, steps: int, seed: int, options: dict)
                 select="last",
                 seed=seed,
                 runs_dir=runs_dir,
+                compress=compress,
                 **options,
             )  # fmt: skip
         )
         costs = costs_of_run(runs_dir, summary["run_id"], options["batch_size"])
-    return {"algorithm": algorithm, "window": window, "seed": seed, "costs": costs}
+    return {"algorithm": algorithm, "window": window, "seed": seed, "costs": costs,
+            "compress": compress}  # fmt: skip
 
 
 def table(arms: list[dict], target: float | None, links=LINKS_MBIT) -> tuple[str, float]:
@@ -130,8 +135,9 @@ def table(arms: list[dict], target: float | None, links=LINKS_MBIT) -> tuple[str
     target = min(best) - 0.01 if target is None else target
     head = " | ".join(f"{d}/{u} Mbit/s: rounds, time" for d, u in links)
     lines = [
-        f"| backend | I | rounds run | MB per round (all sites, both ways) | best AUC | {head} |",
-        "|---|---|---|---|---|" + "---|" * len(links),
+        f"| backend | I | compress | rounds run | MB per round (all sites, both ways) | best AUC "
+        f"| {head} |",
+        "|---|---|---|---|---|---|" + "---|" * len(links),
     ]
     for arm, top in zip(arms, best, strict=True):
         costs = arm["costs"]
@@ -140,7 +146,8 @@ def table(arms: list[dict], target: float | None, links=LINKS_MBIT) -> tuple[str
         for down, up in links:
             reached = to_target(costs, replay(costs, down, up), target)
             cells.append("—" if reached is None else f"{reached[0]}, {reached[1]:.1f} s")
-        lines.append(f"| {arm['algorithm']} | {arm['window']} | {len(costs)} | {mb:.2f} | "
+        lines.append(f"| {arm['algorithm']} | {arm['window']} | {arm.get('compress', 'none')} "
+                     f"| {len(costs)} | {mb:.2f} | "
                      f"{top:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
     return "\n".join(lines), target
 
@@ -156,8 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-scale", type=float, default=1.0)
     parser.add_argument("--target", type=float, help="pooled test AUC (default: see above)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--compress",
+        default=",".join(COMPRESSION),
+        help="comma-separated: every arm with each (none, fp16, int8)",
+    )
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
+    modes = args.compress.split(",")
     if args.quick:
         args.steps, args.data_scale = 32, 0.5
     options = {"model": args.model, "image_size": args.image_size, "sites": args.sites,
@@ -165,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                "data_scale": args.data_scale, "batch_size": 32}  # fmt: skip
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = [pool.submit(train_arm, a, i, args.steps, args.seed, options) for a, i in ARMS]
+        futures = [pool.submit(train_arm, a, i, args.steps, args.seed, options, mode)
+                   for a, i in ARMS for mode in modes]  # fmt: skip
         arms = [f.result() for f in futures]
     text, target = table(arms, args.target)
     header = provenance(

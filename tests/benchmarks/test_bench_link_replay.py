@@ -51,4 +51,9 @@ def test_a_toy_arm_is_read_back_from_its_store_and_tabled():
         s.bytes_down > 0 and s.bytes_up > 0 and s.train_s > 0 for c in costs for s in c.sites
     )
     text, target = table([arm], target=0.0)
-    assert target == 0.0 and "| codasca | 2 | 2 |" in text and "1, " in text
+    assert target == 0.0 and "| codasca | 2 | none | 2 |" in text and "1, " in text
+    int8 = train_arm("codasca", 2, 4, 0, options, compress="int8")  # a compressed arm
+    for plain, small in zip(costs, int8["costs"], strict=True):
+        for a, b in zip(plain.sites, small.sites, strict=True):
+            assert a.bytes_up / b.bytes_up > 3 and a.bytes_down / b.bytes_down > 3
+    assert "| codasca | 2 | int8 | 2 |" in table([arm, int8], target=0.0)[0]
