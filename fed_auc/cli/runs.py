@@ -67,8 +67,9 @@ def list_runs(runs_dir: str, as_json: bool) -> None:
                 **facts,
                 # the headline: the exported model's AUC (its model card's), else the last
                 # round's; both named (fed_auc.run.headline)
-                **headline(summary, last if len(rounds) else None, last_auc,
-                           facts["positive_class"]),  # fmt: skip
+                **headline(
+                    summary, last if len(rounds) else None, last_auc, facts["positive_class"]
+                ),  # fmt: skip
             }
             if run.algorithm == "evaluate":  # an evaluation job: its pooled result
                 row["evaluation"] = _pooled(jobs[jobs["run_id"] == run.id])

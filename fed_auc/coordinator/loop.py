@@ -212,7 +212,7 @@ class Coordinator:
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
             sent = self._compressed(broadcast, requests)
             if self._secure is not None:  # only sums reach the server: no per-site signals
-                self.state, valid = self._secure_phase(phase, requests, rows, record)
+                self.state, valid = self._secure_phase(phase, requests, rows, record, sent)
                 kept.update({reply.site: [round_, index] for reply in valid})
                 continue
             try:
@@ -257,16 +257,18 @@ class Coordinator:
         requests: Mapping[str, Broadcast],
         rows: dict[str, SiteRound],
         record: RoundRecord,
+        sent: Mapping[str, Broadcast],
     ) -> tuple[ServerState, list[Reply]]:
         """The phase as sums (``SecurePhase``), screened as the plain phase screens replies;
-        a failed session ends the round with ``phase_failure``'s error."""
+        a failed session ends the round with ``phase_failure``'s error. ``sent``: the
+        requests as they travel (``--compress``)."""
         from fed_auc.privacy.secure.messages import SecureAggregationError
 
         def screen(answers, masked_requests, length: int) -> list[Reply]:
             return self.screen(phase, answers, masked_requests, rows, record, length)
 
         try:
-            return self._secure.run(self.state, requests, rows, record, screen)
+            return self._secure.run(self.state, requests, rows, record, screen, sent)
         except SecureAggregationError as exc:
             raise self.phase_failure(phase, list(requests), rows, record, str(exc)) from exc
 

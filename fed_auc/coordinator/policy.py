@@ -13,8 +13,9 @@ from fed_auc.coordinator.robust import Aggregation
 from fed_auc.exchange.compression import check_mode
 
 COMPRESS_WITH_SECURE = (
-    "compress and secure_aggregation cannot be combined yet: a masked vector travels as "
-    "fixed-point words, which compression does not shrink; choose one"
+    "compress int8 and secure_aggregation cannot be combined: a masked vector's fixed point "
+    "would need 16-bit words, whose 8 fraction bits are coarser than a typical update; use "
+    "compress fp16 (32-bit words) with secure aggregation"
 )
 
 
@@ -48,5 +49,5 @@ class RoundPolicy:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"eval_every must be an integer >= 1, got {every!r}")
         check_mode(self.compress)
-        if self.compress != "none" and self.secure is not None:
+        if self.compress == "int8" and self.secure is not None:
             raise ValueError(COMPRESS_WITH_SECURE)

@@ -21,7 +21,8 @@ import torch
 from fed_auc.algorithms.base import Backend, iterate_distance, model_part
 from fed_auc.algorithms.partial import trained_part
 from fed_auc.exchange import Broadcast, Reply, ReplyLayout, payload_bytes
-from fed_auc.privacy.secure.encoding import MASKED
+from fed_auc.exchange.compression import COMPRESS_KEY
+from fed_auc.privacy.secure.encoding import MASKED, words_for
 from fed_auc.trainable import BUFFER, Tensors
 
 
@@ -83,7 +84,8 @@ def validate_answer(
     if masked_length is None:
         validate_reply(reply, model, layout, personal)
     else:
-        validate_masked(reply, model, masked_length)
+        words = words_for(request.config.get(COMPRESS_KEY, "none"))
+        validate_masked(reply, model, masked_length, words.torch_dtype)
     validate_counts(reply, request, registered_examples)
     if backend is not None:
         try:
@@ -172,9 +174,12 @@ def validate_reply(
     _check_finite(where, reply.tensors)
 
 
-def validate_masked(reply: Reply, model: Tensors, length: int) -> None:
-    """A masked reply: its counts, metrics and trained groups, and exactly one int64 vector of
-    ``length`` words (``fed_auc.privacy.secure``); its values are uniform noise here."""
+def validate_masked(
+    reply: Reply, model: Tensors, length: int, dtype: torch.dtype = torch.int64
+) -> None:
+    """A masked reply: its counts, metrics and trained groups, and exactly one vector of
+    ``length`` words of ``dtype`` (int64; int32 under ``--compress fp16``: ``words_for``)
+    (``fed_auc.privacy.secure``); its values are uniform noise here."""
     where = f"reply from site {reply.site!r}"
     if reply.trained_groups is not None:
         try:
@@ -187,7 +192,7 @@ def validate_masked(reply: Reply, model: Tensors, length: int) -> None:
             f"{where}: under secure aggregation a reply carries only {MASKED!r}, got "
             f"{sorted(reply.tensors)[:3]}"
         )
-    _check_tensor(where, MASKED, reply.tensors[MASKED], torch.zeros(length, dtype=torch.int64))
+    _check_tensor(where, MASKED, reply.tensors[MASKED], torch.zeros(length, dtype=dtype))
 
 
 def _check_counts(where: str, reply: Reply) -> None:

@@ -21,16 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from fed_auc.algorithms.base import Backend, ServerState
+from fed_auc.algorithms.base import Backend, ServerState, model_part
 from fed_auc.exchange import Broadcast, NodeFailure, Reply, Transport
+from fed_auc.exchange.compression import COMPRESS_KEY
 from fed_auc.privacy.secure.encoding import (
     MASKED,
+    PLAIN,
     SecureSum,
-    from_field,
+    Words,
     site_weights_for,
-    to_field,
     vector_layout,
     vector_length,
+    words_for,
 )
 from fed_auc.privacy.secure.graph import neighbour_count
 from fed_auc.privacy.secure.messages import CONFIG_KEY, SecureAggregationError
@@ -141,12 +143,17 @@ class SecurePhase:
         rows: dict[str, SiteRound],
         record: RoundRecord,
         screen: Callable[..., list[Reply]],
+        sent: Mapping[str, Broadcast] | None = None,
     ) -> tuple[ServerState, list[Reply]]:
         """The new server state and the replies in the sum (``SecureAggregationError`` when
         fewer than the threshold take part in a step). ``screen(answers, requests,
         masked_length)``: the coordinator's check of envelopes and counts, returning the valid
-        replies."""
+        replies. ``sent``: the requests as they travel (``--compress``), ``requests`` with the
+        exact model, which the sites' summed updates are added to."""
         any_request = next(iter(requests.values()))
+        sent = requests if sent is None else sent
+        compress = next(iter(sent.values())).config.get(COMPRESS_KEY, "none")
+        form = words_for(compress)
         phase = any_request.phase
         sites = list(requests)
         server = SecureServer(
@@ -170,7 +177,7 @@ class SecurePhase:
                 "excluded": self.excluded,
             }
             self._count(rows[site], record, phase, down=_size(config))
-            request = requests[site]
+            request = sent[site]
             masked_requests[site] = dataclasses.replace(
                 request, config={**request.config, CONFIG_KEY: config}
             )
@@ -179,25 +186,30 @@ class SecurePhase:
         valid = screen(train_answers, masked_requests, vector_length(layout))
         survivors = [reply.site for reply in valid]
         answers = self._step("unmask", server.unmask_requests(survivors), rows, record, phase)
-        vectors = {r.site: r.tensors[MASKED].numpy().view("uint64") for r in valid}
+        vectors = {r.site: r.tensors[MASKED].numpy().view(form.dtype) for r in valid}
         try:
             words = server.unmask(vectors, answers)
         finally:
             self._events(server.problems, record, phase)
-        self._check_weight(words, survivors, server.session)
-        total = SecureSum.decode(words, layout, self.unit, survivors)
+        self._check_weight(words, survivors, server.session, form)
+        base = None if compress == "none" else model_part(any_request.tensors)
+        total = SecureSum.decode(words, layout, self.unit, survivors, form, base)
         return self.backend.aggregate_secure(state, total, phase), valid
 
-    def _check_weight(self, words: Any, survivors: Sequence[str], session: str) -> None:
+    def _check_weight(
+        self, words: Any, survivors: Sequence[str], session: str, form: Words = PLAIN
+    ) -> None:
         """The sum's last word is Σ π_k over the survivors, all public: exactly that in
         Z_{2^64}, or something (a share, a vector, a wrap-around) corrupted the sum, which is
         then refused rather than decoded into noise."""
-        expected = to_field(np.asarray([self.weights[s] for s in survivors])).sum(dtype=np.uint64)
+        weights = np.asarray([self.weights[s] for s in survivors])
+        expected = form.to_field(weights).sum(dtype=form.dtype)
         if words[-1] != expected:
             raise SecureAggregationError(
                 f"secure aggregation of session {session}: the unmasked total weight "
-                f"{from_field(words[-1:])[0]:.6g} is not the survivors' "
-                f"{from_field(np.asarray([expected]))[0]:.6g}: the sum is corrupted; refusing it"
+                f"{form.from_field(words[-1:])[0]:.6g} is not the survivors' "
+                f"{form.from_field(np.asarray([expected], dtype=form.dtype))[0]:.6g}: the sum is "
+                "corrupted; refusing it"
             )
 
     def _step(

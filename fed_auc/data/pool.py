@@ -80,4 +80,3 @@ class ImagePool:
             return None
         aspect = self.meta.get("aspect", DEFAULT_ASPECT)
         return image_report(self.flags, self.files, rows, aspect)
-

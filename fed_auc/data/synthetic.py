@@ -335,5 +335,3 @@ def _exact_labels(gen: torch.Generator, n: int, prevalence: float) -> torch.Tens
     labels = torch.zeros(n)
     labels[torch.randperm(n, generator=gen)[:k]] = 1.0
     return labels
-
-

@@ -53,11 +53,15 @@ def check_mode(mode: object, where: str = "compress") -> str:
     return mode
 
 
-def generator_for(*parts: object) -> torch.Generator:
-    """A generator seeded by ``parts`` (e.g. site, round, phase): the same draws for the same
+def seed_for(*parts: object) -> int:
+    """A 63-bit seed from ``parts`` (e.g. site, round, phase): the same draws for the same
     message, in any process."""
-    seed = hashlib.sha256(repr(parts).encode()).digest()[:8]
-    return torch.Generator().manual_seed(int.from_bytes(seed, "little") >> 1)
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def generator_for(*parts: object) -> torch.Generator:
+    """A torch generator seeded by ``seed_for(*parts)``."""
+    return torch.Generator().manual_seed(seed_for(*parts))
 
 
 def compressed(tensor: torch.Tensor) -> bool:

@@ -149,7 +149,7 @@ class ExperimentChecks:
 
     def _check_secure_aggregation(self, backend) -> None:
         """Refuse, by name and with the reason, what secure aggregation cannot do."""
-        if self.secure_aggregation and self.compress != "none":
+        if self.secure_aggregation and self.compress == "int8":
             raise ValueError(COMPRESS_WITH_SECURE)
         if not self.secure_aggregation:
             for name in ("secure_aggregation_threshold", "secure_aggregation_neighbours"):

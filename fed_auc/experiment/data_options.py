@@ -34,8 +34,9 @@ class DataOptions:
         None,
         help="natural (CSV site column), iid, dirichlet:ALPHA, quantity:ALPHA, imratio:R1,R2,...",
         group="data",
-        check=Parsed(parse_partition, "natural, iid, dirichlet:ALPHA, quantity:ALPHA or "
-                     "imratio:R1,R2,..."),
+        check=Parsed(
+            parse_partition, "natural, iid, dirichlet:ALPHA, quantity:ALPHA or imratio:R1,R2,..."
+        ),
         doc="`natural` (site column), `iid`, `dirichlet:ALPHA` (label skew), `quantity:ALPHA` "
         "(size skew), `imratio:R1,...` (per-site training positive ratio)",
         default_doc="`natural` for CSV, else `iid`",
@@ -72,8 +73,7 @@ class DataOptions:
     )
     skip_bad_images: bool = option(
         False,
-        help="skip unreadable images with a warning (counted in the data card) instead of "
-        "failing",
+        help="skip unreadable images with a warning (counted in the data card) instead of failing",
         group="data",
         simulated=True,
     )
@@ -108,8 +108,8 @@ class DataOptions:
         check=OneOf(ASPECTS),
         doc="how a non-square image file becomes square: `pad` (black borders, nothing lost), "
         "`crop` (centred square) or `stretch`; also `aspect` in a site TOML's `[data]`. How "
-        "depth, DICOM windows, colour and alpha are read: hospitals/README.md, \"How images "
-        "are read\"",
+        'depth, DICOM windows, colour and alpha are read: hospitals/README.md, "How images '
+        'are read"',
         simulated=True,
     )
     positive_class: str | None = option(
@@ -119,8 +119,7 @@ class DataOptions:
         doc="the positive class's name (e.g. `malignant`), shown beside every AUC, sensitivity "
         "and ROC curve: data and model cards, `evaluation.json`/`.csv`, every dashboard page. "
         "Also `positive_class` in a site TOML's `[data]`",
-        default_doc="derived: `label == V` (V the positive value), or a finding column's own "
-        "name",
+        default_doc="derived: `label == V` (V the positive value), or a finding column's own name",
         simulated=True,
     )
 

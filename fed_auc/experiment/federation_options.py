@@ -54,9 +54,7 @@ class FederationOptions:
         "then by name. `--sites-dir DIR` adds every `*.toml` of `DIR`",
         simulated=True,
     )
-    rounds: int = option(
-        20, help="communication rounds", group="federation", check=Integer(1)
-    )
+    rounds: int = option(20, help="communication rounds", group="federation", check=Integer(1))
     local_steps: int = option(
         8, help="local steps I between two communications", group="federation", check=Integer(1)
     )
@@ -90,7 +88,8 @@ class FederationOptions:
         doc="what train requests and replies carry on the wire: `fp16` (2× fewer bytes) or "
         "`int8` (per-row scale, stochastic rounding: unbiased; ~4× fewer); a reply carries its "
         "update from the broadcast, added back to the exact model; after DP noise (ε "
-        "unchanged); evaluation requests stay fp32; not with `--secure-aggregation` "
+        "unchanged); evaluation requests stay fp32; with `--secure-aggregation` `fp16` is the "
+        "masked vector's fixed point (32-bit words instead of 64), `int8` is refused "
         "([BENCHMARKS.md](../BENCHMARKS.md#compression-on-the-wire-benchmarkssystemscompressionpy))",
     )
     seed: int = option(

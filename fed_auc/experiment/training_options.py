@@ -45,7 +45,7 @@ class TrainingOptions:
         check=Interval(0, closed="(]"),
         doc="local step size η (primal and dual); ÷ `lr_decay` every `--decay-every` steps. The "
         "real-data recipe's 0.2: on BreastMNIST lr 0.1 lost 0.05 validation AUC against 0.2 "
-        "(BENCHMARKS.md, \"Rare positives\"); the demo keeps its fast 0.1",
+        '(BENCHMARKS.md, "Rare positives"); the demo keeps its fast 0.1',
         default_doc="0.2 for image files, 0.1 for synthetic",
     )
     model: str | None = option(
@@ -97,7 +97,8 @@ class TrainingOptions:
     decay_every: int = option(4000, help="T0, local steps per stage", group="training")
     weight_decay: float = option(1e-5, help="L2 weight decay of the network", group="training")
     grad_clip: float | None = option(
-        1.0, help="clip of each local step's gradient norm (config file: omit for none)",
+        1.0,
+        help="clip of each local step's gradient norm (config file: omit for none)",
         group="training",
     )
     stage_output: str | None = option(
@@ -165,7 +166,7 @@ class TrainingOptions:
         check=Integer(0),
         doc="K rounds of fedavg + cross-entropy first; the chosen backend starts from that "
         "model. The recipe's 10: the AUC loss from the start was 0.02 behind on validation, "
-        "its interval holding 0 (BENCHMARKS.md, \"Rare positives\"). None under a DP "
+        'its interval holding 0 (BENCHMARKS.md, "Rare positives"). None under a DP '
         "accountant (`--dp example`, noised `--dp update`): the warm-up would train outside it",
         default_doc="10 for image files when the run trains an AUC loss without a DP "
         "accountant, else 0",
@@ -181,7 +182,7 @@ class TrainingOptions:
         "as LibAUC's two-stage recipe does (`reset`), or with each label's bias moved by "
         "−logit(p) (`recenter`: the same ranking, scores near ½ where the AUC loss's "
         "gradient, which carries h(1 − h), is not 4–6× smaller than cross-entropy's; "
-        "BENCHMARKS.md, \"Rare positives\")",
+        'BENCHMARKS.md, "Rare positives")',
         default_doc="`recenter` for image files after a warm-up into an AUC loss, else `keep`",
     )
     early_stop: int | None = option(
@@ -236,4 +237,3 @@ class TrainingOptions:
         "the model card): `flip` is the mean of the image's and its mirror's score",
         default_doc="`flip` when training flips, else `none`",
     )
-

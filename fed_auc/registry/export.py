@@ -49,5 +49,3 @@ def export_model(
     save_json(card, out_dir / "model_card.json")
     save_text(render_model_card(card), out_dir / "MODEL_CARD.md")
     return path
-
-

@@ -247,9 +247,19 @@ def open_run(
 
         server.load(
             warm_start(
-                config, model, store, run_id, run_dir, warm_transport,
-                lambda record: new_run(store, "fedavg", record), pooled_scoring, personal,
-                sites.record, sites.fixed_steps, on_warmup_round, best,
+                config,
+                model,
+                store,
+                run_id,
+                run_dir,
+                warm_transport,
+                lambda record: new_run(store, "fedavg", record),
+                pooled_scoring,
+                personal,
+                sites.record,
+                sites.fixed_steps,
+                on_warmup_round,
+                best,
             )  # fmt: skip
         )
     coordinator = start_coordinator(

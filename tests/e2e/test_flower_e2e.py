@@ -156,6 +156,22 @@ def test_three_nodes_equal_the_in_process_simulation_and_intruders_cannot_join(f
     assert "Failed to activate SuperNode" in refused  # the SuperLink refused its key
 
 
+def test_compressed_rounds_over_flower_equal_the_in_process_ones(fed):
+    """--compress int8: the same int8 bytes leave the nodes over Flower as in-process (the same
+    rows, bytes included, and the same model)."""
+    coordinator = fed.coordinator("int8", rounds=2, options={"compress": "int8"}, min_nodes=3)
+    summary = _finish(fed, "int8", coordinator)
+    expected = _simulated(fed, "sim_int8", compress="int8")
+    got = _rows(fed.root / "runs_int8", summary["run_id"])
+    want = _rows(fed.root / "sim_int8", expected["run_id"])
+    assert (got["status"][got["round"] > 0] == "completed").all()
+    assert got[NUMERIC].to_numpy() == pytest.approx(want[NUMERIC].to_numpy(), abs=1e-5, nan_ok=True)
+    model = load_torch(Path(summary["model_path"]))["state_dict"]
+    fp32 = sum(t.numel() * 4 for t in model.values() if t.is_floating_point())
+    assert (got["bytes_up"][got["round"] > 0] < fp32 / 3.3).all()  # 3.75 x on the tiny model
+    _assert_same_model(summary, expected)
+
+
 def test_a_killed_node_is_dropped_and_rejoins_with_its_local_state(fed, monkeypatch):
     victim = "mercy_rural"
     name = "rejoin"

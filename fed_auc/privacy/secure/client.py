@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from cryptography.exceptions import InvalidTag
 
-from fed_auc.algorithms.base import Backend
+from fed_auc.algorithms.base import Backend, model_part
 from fed_auc.exchange import Broadcast, Reply
+from fed_auc.exchange.compression import COMPRESS_KEY, seed_for
 from fed_auc.privacy.secure import checks, crypto
-from fed_auc.privacy.secure.encoding import MASKED, encode_reply, vector_layout
+from fed_auc.privacy.secure.encoding import MASKED, encode_reply, vector_layout, words_for
 from fed_auc.privacy.secure.graph import neighbour_count, neighbourhoods
 from fed_auc.privacy.secure.messages import (
     CONFIG_KEY,
@@ -231,15 +232,26 @@ class SecureClient:
             )
         completed = backend.complete_reply(reply, broadcast)
         layout = vector_layout(backend, broadcast, excluded)
+        # --compress fp16: 32-bit words of the update from the broadcast received, one step
+        compress = broadcast.config.get(COMPRESS_KEY, "none")
+        form = words_for(compress)
+        base = None if compress == "none" else model_part(broadcast.tensors)
+        rng = None
+        if compress != "none":
+            rng = np.random.default_rng(
+                seed_for("secure", self.site, broadcast.round, broadcast.phase)
+            )
         # The server sums up to every sampled site of the session, not only this site's
         # neighbourhood: a value must fit that many times, or the sum wraps around.
-        words = encode_reply(completed, layout, weight, participants=len(session.participants))
+        participants = len(session.participants)
+        words = encode_reply(completed, layout, weight, participants, form, base, rng)
         masked = self.mask(words, config)
-        vector = torch.from_numpy(masked.view(np.int64))
+        vector = torch.from_numpy(masked.view(form.signed))
         return dataclasses.replace(reply, tensors={MASKED: vector})
 
     def mask(self, words: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
-        """``words`` (the encoded reply, uint64) + PRG(b) + Σ_j ±PRG(s_ij) mod 2^64, over the
+        """``words`` (the encoded reply, uint64 or uint32) + PRG(b) + Σ_j ±PRG(s_ij) mod 2^64 (or
+        2^32), over the
         neighbours j that shared keys (``config["shares"]``: their encrypted shares for this
         site)."""
         session = self._current(config, "shared", "mask")
@@ -277,12 +289,12 @@ class SecureClient:
                         f"{site!r} published"
                     )
             session.received[site] = received
-        masked = words + crypto.mask(session.seed, len(words))
+        masked = words + crypto.mask(session.seed, len(words), words.dtype)
         position = group.index(self.site)
         for index, site in enumerate(group):
             if site == self.site:
                 continue
-            pairwise = crypto.mask(self.pair_seed(session, site), len(words))
+            pairwise = crypto.mask(self.pair_seed(session, site), len(words), words.dtype)
             masked = masked + pairwise if position < index else masked - pairwise
         self.ledger.record(session.name, where)  # on disk before the vector leaves
         session.masked_with = group

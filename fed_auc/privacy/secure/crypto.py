@@ -108,8 +108,10 @@ def seed_commitment(session: str, owner: str, seed: bytes) -> bytes:
     return commitment(session, owner, "self-mask seed", seed)
 
 
-def mask(seed: bytes, length: int) -> np.ndarray:
-    """``length`` uint64 words of the ChaCha20 keystream of ``seed`` (32 bytes)."""
+def mask(seed: bytes, length: int, dtype: np.dtype | type = np.uint64) -> np.ndarray:
+    """``length`` unsigned words (``dtype``: uint64 or uint32) of the ChaCha20 keystream of
+    ``seed`` (32 bytes)."""
+    dtype = np.dtype(dtype)
     cipher = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
-    stream = cipher.update(b"\0" * (8 * length))
-    return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)
+    stream = cipher.update(b"\0" * (dtype.itemsize * length))
+    return np.frombuffer(stream, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)

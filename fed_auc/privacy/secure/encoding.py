@@ -17,6 +17,16 @@ would not reproduce) and keeps 2^22 levels. Error: each encoded value is off by 
 at most K · 2^-33 · (1 + max|x|) / P, far below float32 resolution for K ≤ 10^3. A value
 must satisfy |x| < 2^31 / n (n = participants) so that no sum overflows; a site refuses a
 larger or non-finite value by name before anything is masked.
+
+With ``--compress fp16`` the fixed point is the compression, in one step: 32-bit words with
+20 fraction bits (``Words``), half the bytes of the 64-bit words and as many as an
+uncompressed plain reply. A site then writes its update, π_k · (x_k − the broadcast it
+received), stochastically rounded (unbiased; seeded by site, round and phase), and the
+server adds the broadcast it holds exactly back to the mean (``SecureSum.decode``'s
+``base``); a value must satisfy |x| < 2^11 / n, resolution 2^-20 (9.5e-7). The weights stay
+round-to-nearest, so the sum's total weight is still checked exactly. ``int8`` has no such
+encoding: 16-bit words would leave 8 fraction bits (3.9e-3), coarser than a typical update,
+and a per-tensor scale would have to be public and taken from the sites' data.
 """
 
 from __future__ import annotations
@@ -32,10 +42,60 @@ from fed_auc.algorithms.base import Backend, model_part
 from fed_auc.exchange import Broadcast, Reply
 from fed_auc.trainable import AUC, BUFFER, WEIGHT, Tensors
 
-FRACTION_BITS = 32
-SCALE = float(2**FRACTION_BITS)
-VALUE_LIMIT = 2.0 ** (63 - FRACTION_BITS)  # |Σ| below this decodes unambiguously
-MASKED = "secagg/masked"  # the one tensor a masked reply carries (int64 view of uint64)
+MASKED = "secagg/masked"  # the one tensor a masked reply carries (signed view of the words)
+
+
+@dataclass(frozen=True)
+class Words:
+    """Fixed point with ``fraction`` bits in Z_{2^bits}: how a masked vector is written."""
+
+    bits: int
+    fraction: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(f"uint{self.bits}")
+
+    @property
+    def signed(self) -> np.dtype:
+        return np.dtype(f"int{self.bits}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, f"int{self.bits}")
+
+    @property
+    def scale(self) -> float:
+        return float(2**self.fraction)
+
+    @property
+    def limit(self) -> float:
+        """|Σ| below this decodes unambiguously."""
+        return 2.0 ** (self.bits - 1 - self.fraction)
+
+    def to_field(self, values: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """round(x · 2^fraction) as two's complement words; stochastically with ``rng``."""
+        scaled = np.asarray(values, dtype=np.float64) * self.scale
+        rounded = np.rint(scaled) if rng is None else np.floor(scaled + rng.random(scaled.shape))
+        return rounded.astype(np.int64).astype(self.signed).view(self.dtype)
+
+    def from_field(self, words: np.ndarray) -> np.ndarray:
+        """Inverse of ``to_field`` for a sum whose magnitude is below ``limit``."""
+        return words.view(self.signed).astype(np.float64) / self.scale
+
+
+WORDS = {"none": Words(64, 32), "fp16": Words(32, 20)}  # by --compress
+PLAIN = WORDS["none"]
+
+
+def words_for(compress: str) -> Words:
+    """The words of ``--compress``'s masked vectors (``ValueError`` for int8, with why)."""
+    if compress not in WORDS:
+        raise ValueError(
+            f"secure aggregation has no {compress} encoding: 16-bit words would leave 8 fraction "
+            "bits (3.9e-3), coarser than a typical update; use compress fp16 (32-bit words)"
+        )
+    return WORDS[compress]
 
 
 @dataclass(frozen=True)
@@ -77,16 +137,24 @@ def vector_length(layout: Sequence[Entry]) -> int:
 
 
 def encode_reply(
-    reply: Reply, layout: Sequence[Entry], weight: float, participants: int
+    reply: Reply,
+    layout: Sequence[Entry],
+    weight: float,
+    participants: int,
+    words: Words = PLAIN,
+    base: Tensors | None = None,
+    rng: np.random.Generator | None = None,
 ) -> np.ndarray:
-    """The site's vector in Z_{2^64} (uint64), before masking; raises ``ValueError`` naming
-    the first tensor that is unexpected, misshapen, non-finite or too large to sum."""
+    """The site's vector of ``words`` (unsigned), before masking; raises ``ValueError`` naming
+    the first tensor that is unexpected, misshapen, non-finite or too large to sum. ``base``:
+    the broadcast as the site received it, whose tensors are sent as updates from it;
+    ``rng``: stochastic rounding of the values (the weights are rounded to nearest)."""
     where = f"site {reply.site!r}, secure aggregation"
     names = {e.name for e in layout}
     unexpected = sorted(set(reply.tensors) - names)
     if unexpected:
         raise ValueError(f"{where}: tensor {unexpected[0]!r} is not in the aggregated layout")
-    limit = VALUE_LIMIT / participants
+    limit = words.limit / participants
     values, weights = [], []
     for entry in layout:
         tensor = reply.tensors.get(entry.name)
@@ -98,27 +166,22 @@ def encode_reply(
             raise ValueError(
                 f"{where}: {entry.name!r} has shape {tuple(tensor.shape)}, expected {entry.shape}"
             )
-        flat = tensor.detach().double().reshape(-1).numpy() * weight
+        tensor = tensor.detach().double()
+        origin = None if base is None else base.get(entry.name)
+        if origin is not None and tuple(origin.shape) == entry.shape:
+            tensor = tensor - origin.detach().double()
+        flat = tensor.reshape(-1).numpy() * weight
         largest = float(np.max(np.abs(flat))) if flat.size else 0.0
         if not math.isfinite(largest) or largest >= limit:
             raise ValueError(
                 f"{where}: {entry.name!r} holds {largest:.6g}; only finite values of magnitude "
-                f"below {limit:.3g} (2^31 / {participants} sites) can be summed"
+                f"below {limit:.3g} (2^{words.bits - 1 - words.fraction} / {participants} "
+                "sites) can be summed"
             )
         values.append(flat)
         weights.append(weight)
-    plain = np.concatenate([*values, np.asarray(weights), np.asarray([weight])])
-    return to_field(plain)
-
-
-def to_field(values: np.ndarray) -> np.ndarray:
-    """Fixed point in Z_{2^64}: round(x · 2^32) as two's complement."""
-    return np.rint(values * SCALE).astype(np.int64).view(np.uint64)
-
-
-def from_field(words: np.ndarray) -> np.ndarray:
-    """Inverse of ``to_field`` for a sum whose magnitude is below 2^31."""
-    return words.view(np.int64).astype(np.float64) / SCALE
+    counts = words.to_field(np.asarray([*weights, weight]))
+    return np.concatenate([words.to_field(np.concatenate(values), rng), counts])
 
 
 @dataclass(frozen=True)
@@ -138,15 +201,26 @@ class SecureSum:
 
     @classmethod
     def decode(
-        cls, words: np.ndarray, layout: Sequence[Entry], unit: float, sites: Sequence[str]
+        cls,
+        words: np.ndarray,
+        layout: Sequence[Entry],
+        unit: float,
+        sites: Sequence[str],
+        format: Words = PLAIN,
+        base: Tensors | None = None,
     ) -> SecureSum:
-        plain = from_field(words)
+        """The sums from the unmasked ``words``; ``base``: the model the sites' updates were
+        taken from (``encode_reply``), added back with each tensor's total weight."""
+        plain = format.from_field(words)
         sums, offset = {}, 0
         for entry in layout:
             sums[entry.name] = torch.from_numpy(plain[offset : offset + entry.size].copy())
             sums[entry.name] = sums[entry.name].view(entry.shape)
             offset += entry.size
         weights = {e.name: float(w) for e, w in zip(layout, plain[offset:-1], strict=True)}
+        for name, origin in (base or {}).items():
+            if name in sums and tuple(origin.shape) == tuple(sums[name].shape):
+                sums[name] = sums[name] + origin.double() * weights[name]
         return cls(
             sums, weights, float(plain[-1]), unit, tuple(sites), {e.name: e.dtype for e in layout}
         )
@@ -162,7 +236,7 @@ class SecureSum:
                 continue
             if names is not None and inner not in names:
                 continue
-            if self.weights[name] * SCALE < 0.5:  # nobody sent it (an exact 0 once rounded)
+            if self.weights[name] == 0.0:  # nobody sent it (an exact 0 once rounded)
                 continue
             out[inner] = (total / self.weights[name]).to(self.dtypes[name])
         return out

@@ -212,8 +212,9 @@ class SecureServer:
         return {site: {"session": self.session, "survivors": survivors} for site in survivors}
 
     def unmask(self, masked: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> np.ndarray:
-        """Σ_k x_k mod 2^64 over the sites of ``masked`` (the survivors), from the survivors'
-        ``answers`` to ``unmask_requests``; at least ``threshold`` answers are needed."""
+        """Σ_k x_k mod 2^64 (2^32 for 32-bit words) over the sites of ``masked`` (the
+        survivors), from the survivors' ``answers`` to ``unmask_requests``; at least
+        ``threshold`` answers are needed."""
         survivors = [s for s in self.sharers if s in masked]
         dropped = [s for s in self.sharers if s not in masked]
         self._connected(survivors)  # before a single share is combined
@@ -259,7 +260,8 @@ class SecureServer:
                     f"threshold {self.threshold}: the sum cannot be unmasked{rejected}"
                 )
         length = len(next(iter(masked.values())))
-        total = np.zeros(length, dtype=np.uint64)
+        dtype = next(iter(masked.values())).dtype  # uint64, or uint32 (--compress fp16)
+        total = np.zeros(length, dtype=dtype)
         for site in survivors:
             total += masked[site]
             seed = self._combine(seed_shares[site], site, "self-mask seed")
@@ -268,7 +270,7 @@ class SecureServer:
                     f"secure aggregation of session {self.session}: the shares of survivor "
                     f"{site!r}'s self-mask seed do not rebuild the seed it committed to"
                 )
-            total -= crypto.mask(seed, length)
+            total -= crypto.mask(seed, length, dtype)
         for site in dropped:
             secret = self._combine(key_shares[site], site, "mask key")
             key = crypto.private_key(secret)
@@ -282,7 +284,7 @@ class SecureServer:
                 seed = crypto.shared_key(
                     key, self.keys[other][1], crypto.MASK_INFO + self.session.encode()
                 )
-                pairwise = crypto.mask(seed, length)
+                pairwise = crypto.mask(seed, length, dtype)
                 # the survivor added +PRG if it came first in the order, −PRG otherwise
                 if self.sharers.index(other) < position:
                     total -= pairwise

@@ -136,7 +136,7 @@ def test_update_dp_then_int8_spends_the_same_epsilon(tmp_path):
 
 
 def test_compression_with_secure_aggregation_is_refused_by_name():
-    with pytest.raises(ValueError, match="compress and secure_aggregation cannot be combined"):
+    with pytest.raises(ValueError, match="compress int8 and secure_aggregation cannot be combined"):
         ExperimentConfig(compress="int8", secure_aggregation=True, sites=3).validate()
     with pytest.raises(ValueError, match="compress"):
         ExperimentConfig(compress="int4").validate()

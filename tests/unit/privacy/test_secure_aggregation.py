@@ -20,7 +20,7 @@ from fed_auc.coordinator.secure_phase import SecureAggregation, SecurePhase
 from fed_auc.exchange import Broadcast, Reply, ReplyLayout
 from fed_auc.privacy.secure import crypto
 from fed_auc.privacy.secure.client import SecureClient
-from fed_auc.privacy.secure.encoding import MASKED, Entry, encode_reply, from_field, to_field
+from fed_auc.privacy.secure.encoding import MASKED, PLAIN, WORDS, Entry, encode_reply
 from fed_auc.privacy.secure.graph import neighbour_count, neighbourhoods
 from fed_auc.privacy.secure.messages import CONFIG_KEY, SecureAggregationError, b64
 from fed_auc.privacy.secure.server import SecureServer
@@ -118,7 +118,7 @@ def test_a_single_sites_masked_vector_is_uniform_over_the_field():
     U[0, 2^64) and a chi-square test on their top and bottom bytes, where the unmasked
     encoding fails both badly (the tests can tell)."""
     gen = np.random.default_rng(3)
-    update = to_field(gen.normal(0, 1e-3, 20_000))  # words near 0 or near 2^64
+    update = PLAIN.to_field(gen.normal(0, 1e-3, 20_000))  # words near 0 or near 2^64
     vectors = {s: update.copy() for s in SITES[:3]}
     _, masked, _ = run_session(vectors, threshold=2)
     seen = masked["b"]
@@ -126,13 +126,28 @@ def test_a_single_sites_masked_vector_is_uniform_over_the_field():
     assert max(uniformity(update)[:2]) < 1e-12
 
 
+def test_fp16s_32_bit_words_sum_exactly_and_one_sites_vector_is_uniform():
+    """``--compress fp16``'s masked vectors: 32-bit words, summed exactly in Z_{2^32}; the
+    coordinator's view of one site's vector passes the same tests against U[0, 2^32)."""
+    fp16 = WORDS["fp16"]
+    gen = np.random.default_rng(4)
+    update = fp16.to_field(gen.normal(0, 1e-3, 20_000), gen)
+    assert update.dtype == np.uint32
+    vectors = {s: update.copy() for s in SITES[:3]}
+    _, masked, total = run_session(vectors, threshold=2)
+    assert masked["b"].dtype == np.uint32 and np.array_equal(total, update * np.uint32(3))
+    assert min(uniformity(masked["b"])) > 0.01
+    assert max(uniformity(update)[:2]) < 1e-12
+
+
 def uniformity(words: np.ndarray) -> tuple[float, float, float]:
-    """p-values of KS against U[0, 1) (the top 53 bits) and chi-square on the top and bottom
-    bytes."""
-    unit = (words >> np.uint64(11)).astype(np.float64) / 2.0**53
+    """p-values of KS against U[0, 1) (the top 53 bits, or all 32) and chi-square on the top
+    and bottom bytes of 64- or 32-bit words."""
+    wide = words.astype(np.uint64) << np.uint64(64 - 8 * words.itemsize)  # bits on top
+    unit = (wide >> np.uint64(11)).astype(np.float64) / 2.0**53
     ks = stats.kstest(unit, "uniform").pvalue
-    top = np.bincount((words >> np.uint64(56)).astype(np.int64), minlength=256)
-    low = np.bincount((words & np.uint64(255)).astype(np.int64), minlength=256)
+    top = np.bincount((wide >> np.uint64(56)).astype(np.int64), minlength=256)
+    low = np.bincount((words & words.dtype.type(255)).astype(np.int64), minlength=256)
     return ks, stats.chisquare(top).pvalue, stats.chisquare(low).pvalue
 
 
@@ -179,7 +194,7 @@ def test_fixed_point_encoding_is_within_its_bound_and_refuses_what_cannot_be_sum
     values = torch.tensor([0.0, 1e-9, -3.25, 1234.5678, -1e5], dtype=torch.float64)
     layout = [Entry("w/x", (5,), torch.float64)]
     reply = Reply({"w/x": values}, steps=1, site="a")
-    decoded = from_field(encode_reply(reply, layout, weight=1.0, participants=3))
+    decoded = PLAIN.from_field(encode_reply(reply, layout, weight=1.0, participants=3))
     assert np.max(np.abs(decoded[:5] - values.numpy())) <= 2.0**-33
     assert decoded[5] == 1.0 and decoded[6] == 1.0  # the site's weight, per tensor and total
     too_big = Reply({"w/x": torch.full((5,), 1e9, dtype=torch.float64)}, steps=1, site="a")
@@ -226,7 +241,7 @@ def test_on_a_sparse_graph_sites_share_and_mask_only_with_their_neighbours_and_s
 
 def test_a_sparse_sites_masked_vector_is_uniform_over_the_field():
     gen = np.random.default_rng(3)
-    update = to_field(gen.normal(0, 1e-3, 20_000))  # far from uniform (see the full graph's)
+    update = PLAIN.to_field(gen.normal(0, 1e-3, 20_000))  # far from uniform (see the full graph's)
     _, masked, _ = run_session({s: update.copy() for s in MANY}, threshold=2, neighbours=2)
     assert max(uniformity(update)[:2]) < 1e-12
     assert min(uniformity(masked["s07"])) > 0.01
@@ -303,7 +318,7 @@ def masked_replies(sites, value, neighbours, threshold):
         return server, masked, refused, None
     answers = {s: nodes[s].handle("unmask", m)
                for s, m in server.unmask_requests(list(masked)).items()}  # fmt: skip
-    return server, masked, refused, from_field(server.unmask(masked, answers))
+    return server, masked, refused, PLAIN.from_field(server.unmask(masked, answers))
 
 
 SIXTEEN = [f"s{i:02d}" for i in range(16)]
@@ -414,7 +429,9 @@ def test_a_survivor_graph_split_by_dropouts_is_never_unmasked(monkeypatch):
                                            if s not in {order[0], order[1]}))  # fmt: skip
     used = []
     monkeypatch.setattr(crypto, "combine_secret", lambda shares: used.append("combine"))
-    monkeypatch.setattr(crypto, "mask", lambda seed, n: used.append("mask") or np.zeros(n, "u8"))
+    monkeypatch.setattr(
+        crypto, "mask", lambda seed, n, dtype: used.append("mask") or np.zeros(n, dtype)
+    )
     lost = {order[0], order[1], order[6], order[7]}
     split = r"split the 8 surviving sites into 2 groups.*refusing to unmask"
     with pytest.raises(SecureAggregationError, match=split):
@@ -438,7 +455,7 @@ def test_a_sum_whose_total_weight_is_not_the_survivors_is_refused_not_decoded():
     total = masked_replies(sites, 0.25, neighbours=None, threshold=2)[3]
     phase = SecurePhase(SecureAggregation(), FlatBackend(), None,
                         {s: {"n": 10} for s in sites}, [], "run")  # fmt: skip
-    phase._check_weight(to_field(total), sites, "run:1:train")  # the honest sum passes
-    noisy = to_field(total) + crypto.mask(b"\x01" * 32, len(total))
+    phase._check_weight(PLAIN.to_field(total), sites, "run:1:train")  # the honest sum passes
+    noisy = PLAIN.to_field(total) + crypto.mask(b"\x01" * 32, len(total))
     with pytest.raises(SecureAggregationError, match="total weight .* is not the survivors' 3"):
         phase._check_weight(noisy, sites, "run:1:train")

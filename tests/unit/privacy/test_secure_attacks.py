@@ -68,12 +68,12 @@ def _play(monkeypatch, attack) -> list:
     original = SecurePhase.run
     got: list = []
 
-    def run(self, state, requests, rows, record, screen):
+    def run(self, state, requests, rows, record, screen, sent=None):
         if got:
-            return original(self, state, requests, rows, record, screen)
+            return original(self, state, requests, rows, record, screen, sent)
         outcome, result = attack(original, self, state, requests, rows, record, screen)
         got.append(outcome)
-        return result or original(self, state, requests, rows, record, screen)
+        return result or original(self, state, requests, rows, record, screen, sent)
 
     monkeypatch.setattr(SecurePhase, "run", run)
     return got
@@ -206,9 +206,9 @@ def test_a_coordinator_that_says_two_sites_dropped_to_split_the_ring_gets_no_sha
     records: list[RoundRecord] = []
     spy = SecurePhase.run
 
-    def keep(self, state, requests, rows, record, screen):
+    def keep(self, state, requests, rows, record, screen, sent=None):
         records.append(record)
-        return spy(self, state, requests, rows, record, screen)
+        return spy(self, state, requests, rows, record, screen, sent)
 
     def lying(self, survivors):
         first = survivors[0]

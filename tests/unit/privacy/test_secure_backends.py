@@ -16,11 +16,19 @@ import pytest
 import torch
 
 from fed_auc.algorithms import build_backend
+from fed_auc.algorithms.base import model_part
 from fed_auc.exchange import Broadcast
+from fed_auc.exchange.compression import COMPRESS_KEY
 from fed_auc.losses import build_loss
 from fed_auc.models import build_model, group_names
 from fed_auc.privacy.secure.client import SecureClient
-from fed_auc.privacy.secure.encoding import MASKED, SecureSum, site_weights_for, vector_layout
+from fed_auc.privacy.secure.encoding import (
+    MASKED,
+    SecureSum,
+    site_weights_for,
+    vector_layout,
+    words_for,
+)
 from fed_auc.privacy.secure.messages import CONFIG_KEY
 from fed_auc.privacy.secure.server import SecureServer
 from fed_auc.trainable import Trainable
@@ -48,8 +56,9 @@ def trainable(loss: str) -> Trainable:
     return Trainable(build_model("tiny").double(), build_loss(loss, 1, [0.3]).double())
 
 
-def secure_total(backend, broadcasts, replies, registrations):
-    """The protocol end to end, in-process: what the server learns."""
+def secure_total(backend, broadcasts, replies, registrations, compress="none"):
+    """The protocol end to end, in-process: what the server learns (``compress``: fp16's
+    32-bit words of the sites' updates, added back to the broadcast's model)."""
     weights, unit = site_weights_for(backend, registrations)
     sites = list(replies)
     nodes = {
@@ -68,13 +77,16 @@ def secure_total(backend, broadcasts, replies, registrations):
     for site in sites:
         config = {**server.mask_config(site), "weight": weights[site], "excluded": []}
         request = Broadcast(**{**vars(broadcasts[site]), "config": {
-            **broadcasts[site].config, CONFIG_KEY: config}})  # fmt: skip
+            **broadcasts[site].config, CONFIG_KEY: config, COMPRESS_KEY: compress}})  # fmt: skip
         sent = nodes[site].masked_reply(replies[site], request, backend)
-        masked[site] = sent.tensors[MASKED].numpy().view("uint64")
+        masked[site] = sent.tensors[MASKED].numpy().view(words_for(compress).dtype)
     answers = {s: nodes[s].handle("unmask", m)
                for s, m in server.unmask_requests(sites).items()}  # fmt: skip
-    layout = vector_layout(backend, next(iter(broadcasts.values())))
-    return SecureSum.decode(server.unmask(masked, answers), layout, unit, sites)
+    first = next(iter(broadcasts.values()))
+    layout = vector_layout(backend, first)
+    base = None if compress == "none" else model_part(first.tensors)
+    words = server.unmask(masked, answers)
+    return SecureSum.decode(words, layout, unit, sites, words_for(compress), base)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +101,12 @@ def secure_total(backend, broadcasts, replies, registrations):
         ("fedsgda_mb", {}, "auc_margin"),
     ],
 )
-def test_secure_aggregate_equals_the_plain_one_within_the_quantization_bound(name, options, loss):
+@pytest.mark.parametrize("compress", ["none", "fp16"])
+def test_secure_aggregate_equals_the_plain_one_within_the_quantization_bound(
+    name, options, loss, compress
+):
+    """``fp16``: 32-bit words with 2^-20 steps, stochastically rounded: one value is off by
+    less than one step, so a sum of K by less than K · 2^-20 (no 1 + max|x|: updates)."""
     backend = build_backend(name, local_steps=2, lr=0.05, **options)
     models = {site: trainable(loss) for site in SIZES}
     suffix = group_names(models["site2"].model)[-2:]
@@ -112,10 +129,14 @@ def test_secure_aggregate_equals_the_plain_one_within_the_quantization_bound(nam
             replies[site] = reply
         completed = [backend.complete_reply(r, broadcast) for r in replies.values()]
         plain = backend.aggregate(state, completed, phase)
-        total = secure_total(backend, dict.fromkeys(SIZES, broadcast), replies, registrations)
+        total = secure_total(
+            backend, dict.fromkeys(SIZES, broadcast), replies, registrations, compress
+        )
         secure = backend.aggregate_secure(state, total, phase)
         largest = max(float(t.abs().max()) for r in completed for t in r.tensors.values())
         quantum = len(SIZES) * 2.0**-33 * (1 + largest)  # error of one sum of π-scaled values
+        if compress == "fp16":
+            quantum = len(SIZES) * 2.0**-20
         mean_bound = quantum / min(w for w in total.weights.values() if w > 0)
         trainers = [total.total_weight(n) for n in total.weights if n.startswith("dc/")]
         control_bound = quantum * total.unit / min(trainers, default=1.0)

@@ -23,7 +23,7 @@ from fed_auc.models import build_model
 from fed_auc.node.node import LocalTraining, Node
 from fed_auc.privacy.accounting import LEDGER_FILE
 from fed_auc.privacy.dp_sgd import ExampleDP
-from fed_auc.privacy.secure.encoding import FRACTION_BITS
+from fed_auc.privacy.secure.encoding import PLAIN
 from fed_auc.simulation import run_simulation
 from fed_auc.store.run_store import RunStore
 from fed_auc.trainable import Trainable
@@ -65,7 +65,7 @@ def assert_within_quantization(secure: dict, plain: dict) -> None:
     assert secure.keys() == plain.keys()
     for name, want in plain.items():
         largest = float(want.abs().max())
-        bound = SITES * 2.0 ** -(FRACTION_BITS + 1) * (1 + largest)
+        bound = SITES * 2.0 ** -(PLAIN.fraction + 1) * (1 + largest)
         allowed = bound + FLOAT32_ROUNDING * largest
         gap = float((secure[name].double() - want.double()).abs().max())
         assert gap <= allowed, (name, gap, allowed)
