@@ -14,7 +14,9 @@ records (all sites, down + up), as ``fed-auc simulate`` and a Flower run record 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -94,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [pool.submit(train, d, m, s, options) for d in datasets for m in MODES
                    for s in seeds]  # fmt: skip
-        results = [f.result() for f in futures]
+        results = []
+        for future in futures:  # as they finish, so that a cut-short run shows what it has
+            results.append(future.result())
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     header = provenance(
         ",".join(map(str, seeds)),
         time.perf_counter() - start,

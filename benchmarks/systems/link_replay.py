@@ -164,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, help="pooled test AUC (default: see above)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
+        "--arms",
+        default=",".join(f"{a}:{i}" for a, i in ARMS),
+        help="comma-separated BACKEND:I (default: CODASCA and CODA+ at I = 4 and 16)",
+    )
+    parser.add_argument(
         "--compress",
         default=",".join(COMPRESSION),
         help="comma-separated: every arm with each (none, fp16, int8)",
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     modes = args.compress.split(",")
+    arms = [(a, int(i)) for a, _, i in (arm.partition(":") for arm in args.arms.split(","))]
     if args.quick:
         args.steps, args.data_scale = 32, 0.5
     options = {"model": args.model, "image_size": args.image_size, "sites": args.sites,
@@ -179,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [pool.submit(train_arm, a, i, args.steps, args.seed, options, mode)
-                   for a, i in ARMS for mode in modes]  # fmt: skip
-        arms = [f.result() for f in futures]
-    text, target = table(arms, args.target)
+                   for a, i in arms for mode in modes]  # fmt: skip
+        trained = [f.result() for f in futures]
+    text, target = table(trained, args.target)
     header = provenance(
         str(args.seed),
         time.perf_counter() - start,
