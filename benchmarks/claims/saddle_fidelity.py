@@ -16,7 +16,6 @@ combination fed-auc refuses (config validation) is reported as ``refused: <reaso
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import time
 
@@ -24,16 +23,9 @@ import torch
 
 from benchmarks.common.toy import ToyTrainable, toy_sites, zero_noise
 from fed_auc.algorithms import ALGORITHMS, build_backend, hyperparameter_names
-from fed_auc.algorithms.base import model_part
 from fed_auc.coordinator.robust import Aggregation
-from fed_auc.coordinator.screening import expected_tensors
-from fed_auc.exchange import Broadcast
-from fed_auc.exchange.compression import (
-    compress_broadcast,
-    compress_reply,
-    decompress_reply,
-    received_broadcast,
-)
+from fed_auc.coordinator.wire import compressed_requests, decompressed
+from fed_auc.exchange.compression import compress_reply, received_broadcast
 from fed_auc.privacy.update_dp import Privacy
 
 STEM = "w/net.features.conv0.weight"  # x_0: the input side (layer group "stem")
@@ -198,8 +190,8 @@ def run_toy(
         chosen = sorted(rng.sample(range(SITES), count)) if count < SITES else range(SITES)
         for phase in backend.phases:
             broadcast = backend.plan(state, r, phase)
-            received, broadcast = compressed_request(broadcast, compress)
-            model = model_part(broadcast.tensors)
+            reference, travelling = compressed_requests(broadcast, {"any": broadcast}, compress)
+            broadcast, received = reference["any"], received_broadcast(travelling["any"])
             replies = []
             for k in chosen:
                 reply, local[k] = backend.client_update(received, local[k], sites[k], streams[k])
@@ -214,8 +206,7 @@ def run_toy(
                 if compress != "none":  # the node sends its update; the coordinator decodes it
                     wire, seen = compress_reply(reply, received)
                     local[k] = backend.reply_sent(reply, seen, received, local[k])
-                    expected = expected_tensors(model, backend.reply_layout(phase))
-                    reply = decompress_reply(wire, compress, broadcast, expected)
+                    reply = decompressed(wire, broadcast, backend.reply_layout(phase), compress)
                 replies.append(reply)
             blocks = [backend.reply_blocks(reply, broadcast) for reply in replies]
             replies = [backend.complete_reply(r, broadcast) for r in robust.apply(replies, blocks)]
@@ -223,17 +214,6 @@ def run_toy(
     model = backend.global_tensors(state)
     found = torch.cat([model[STEM], model[HEAD], model[ALPHA]])
     return float((found - reference_saddle(plain_sites, set(weak))).norm())
-
-
-def compressed_request(broadcast: Broadcast, mode: str) -> tuple[Broadcast, Broadcast]:
-    """(what a node trains from, what the coordinator reads its reply against): under
-    ``--compress`` the decoded request, and the request with the model exact and the rest as
-    the node decoded it (``Coordinator._compressed``); else the broadcast twice."""
-    if mode == "none":
-        return broadcast, broadcast
-    received = received_broadcast(compress_broadcast(broadcast, mode))
-    exact = model_part(broadcast.tensors)
-    return received, dataclasses.replace(broadcast, tensors={**received.tensors, **exact})
 
 
 def cell(algorithm, participation, transform, weak, rounds=None) -> str:

@@ -22,33 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from fed_auc.algorithms.base import Backend, ServerState, model_part
+from fed_auc.algorithms.base import Backend, ServerState
 from fed_auc.algorithms.partial import model_groups
 from fed_auc.coordinator.checkpoint import load_checkpoint, write_checkpoint
 from fed_auc.coordinator.errors import BudgetsSpent, FederationError
 from fed_auc.coordinator.policy import RoundPolicy
 from fed_auc.coordinator.scores import record_scores
-from fed_auc.coordinator.screening import (
-    InvalidReply,
-    expected_tensors,
-    payload_size,
-    validate_answer,
-)
+from fed_auc.coordinator.screening import InvalidReply, payload_size, validate_answer
 from fed_auc.coordinator.signals import phase_signals, tensor_norm
+from fed_auc.coordinator.wire import compressed_requests, decompressed
 from fed_auc.exchange import (
     COMPUTE_METRICS,
     Broadcast,
     NodeFailure,
     Reply,
-    ReplyLayout,
     Transport,
     payload_bytes,
-)
-from fed_auc.exchange.compression import (
-    COMPRESS_KEY,
-    compress_broadcast,
-    decompress_reply,
-    received_broadcast,
 )
 from fed_auc.store.records import RoundRecord, SiteRound
 from fed_auc.store.run_store import RunStore
@@ -210,7 +199,7 @@ class Coordinator:
             record.stage = broadcast.config.get("stage", record.stage)
             record.lr = broadcast.config.get("lr", record.lr)
             requests = {site: self._request_for(site, broadcast, kept) for site in selected}
-            sent = self._compressed(broadcast, requests)
+            requests, sent = compressed_requests(broadcast, requests, self.policy.compress)
             if self._secure is not None:  # only sums reach the server: no per-site signals
                 self.state, valid = self._secure_phase(phase, requests, rows, record, sent)
                 kept.update({reply.site: [round_, index] for reply in valid})
@@ -315,28 +304,6 @@ class Coordinator:
             config["local_steps"] = self._local_steps(site, broadcast)
         return dataclasses.replace(broadcast, config=config)
 
-    def _compressed(
-        self, broadcast: Broadcast, requests: dict[str, Broadcast]
-    ) -> dict[str, Broadcast]:
-        """The requests as they travel (``--compress``; the same tensors for every site). The
-        coordinator then reads each reply against its request with the model exact and the
-        rest as the node decoded it: a reply's update is added to the exact model, and a
-        backend that derives a site's state from its reply (CODASCA's Δc^k from the control
-        variates the node received) derives what the node itself keeps."""
-        mode = self.policy.compress
-        if mode == "none":
-            return requests
-        wire = compress_broadcast(broadcast, mode)
-        seen = received_broadcast(wire).tensors
-        model = model_part(broadcast.tensors)
-        for site, request in requests.items():
-            requests[site] = dataclasses.replace(request, tensors={**seen, **model})
-        config = {COMPRESS_KEY: mode}
-        return {
-            site: dataclasses.replace(r, tensors=wire.tensors, config={**r.config, **config})
-            for site, r in requests.items()
-        }
-
     def _local_steps(self, site: str, broadcast: Broadcast) -> int:
         """τ_i of ``site`` in the broadcast's round: fixed, drawn or the backend's."""
         default = broadcast.config["local_steps"]
@@ -377,7 +344,7 @@ class Coordinator:
                 record.events.append((site, level, f"{phase}: {answer.status}: {answer.message}"))
                 continue
             try:
-                answer = self._decompressed(answer, requests[site], layout)
+                answer = decompressed(answer, requests[site], layout, self.policy.compress)
                 validate_answer(
                     answer,
                     site,
@@ -411,14 +378,6 @@ class Coordinator:
                 row.metrics["dp_noise_multiplier"] = answer.metrics.get("dp_noise_multiplier")
             valid.append(answer)
         return valid
-
-    def _decompressed(self, answer: Reply, request: Broadcast, layout: ReplyLayout) -> Reply:
-        """A compressed reply decoded against the exact model (``InvalidReply`` if malformed)."""
-        expected = expected_tensors(model_part(request.tensors), layout)
-        try:
-            return decompress_reply(answer, self.policy.compress, request, expected)
-        except ValueError as exc:
-            raise InvalidReply(str(exc)) from None
 
     def _evaluate(self, record: RoundRecord, rows: dict[str, SiteRound]) -> None:
         """Every site scores the global model; pooled test AUC when scores may leave."""
