@@ -366,7 +366,8 @@ def test_options_a_flower_node_honours_itself_are_accepted(tmp_path):
 
 
 def test_the_supernode_entry_caps_flowers_idle_sleeps():
-    """Flower's SuperNode sleeps 3 s between empty pulls; our entry point caps that."""
+    """Flower's SuperNode sleeps 3 s between empty pulls and 0.5 s between looks for a reply
+    (or a chunk of it); our entry point caps both."""
     import inspect
     import time
 
@@ -379,6 +380,12 @@ def test_the_supernode_entry_caps_flowers_idle_sleeps():
     start = time.perf_counter()
     start_client_internal.time.sleep(3)
     assert time.perf_counter() - start < flower_supernode.POLL_S + 0.5
+    # its waits for a reply, and for each chunk of it, look into its own memory: 5 ms, not 0.5 s
+    assert inspect.getsource(start_client_internal).count("time.sleep(0.5)") == 2
+    start = time.perf_counter()
+    for _ in range(10):
+        start_client_internal.time.sleep(0.5)
+    assert time.perf_counter() - start < 10 * flower_supernode.LOCAL_POLL_S + 0.5
 
 
 def test_flower_object_pulls_retry_within_a_quarter_second():
