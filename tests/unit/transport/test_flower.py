@@ -436,6 +436,13 @@ def test_flower_object_pulls_retry_within_a_quarter_second():
     assert time.perf_counter() - start < 3 * flower_backoff.CAP_S + 0.5  # Flower's own: ~7 s
     tries_allowed = flower_backoff.PULLERS[0].__kwdefaults__["max_tries_per_object"]
     assert tries_allowed * flower_backoff.CAP_S >= constant.PULL_MAX_TIME  # as patient as before
+    flower_backoff.shorten(flower_backoff.LOCAL_CAP_S)  # a node's executor: its own SuperNode
+    try:
+        defaults = flower_backoff.PULLERS[1].__kwdefaults__
+        assert defaults["backoff_cap"] == flower_backoff.LOCAL_CAP_S
+        assert defaults["max_tries_per_object"] * defaults["backoff_cap"] >= constant.PULL_MAX_TIME
+    finally:
+        flower_backoff.shorten()
 
 
 def test_a_flower_node_samples_with_the_experiments_batch_floors(tmp_path):
