@@ -260,12 +260,14 @@ Overhead = round wall time − the slowest site's compute (training + evaluation
 node). MB/round = the tensor payload the coordinator records (down + up, all sites); on the
 wire = tensor bytes that crossed the network, evaluation included (a tensor a node already
 holds travels as a content tag). `flower` and `naive` run the same fed-auc nodes (ClientApp
-tasks executed in the warm node process, 0.1 s SuperNode poll, object pulls retried after
-20–250 ms instead of 1–10 s, in-memory SuperLink state; CODASCA's control-variate change
-derived on the server, not uploaded);
-`naive` sends every tensor as its own Flower array and never a tag, as a state_dict turned
-into an `ArrayRecord` would. In-process sites run one after another, so its "overhead" is
-mostly the other sites' compute. Load average: 1-minute, before → after each transport."""
+tasks executed in the warm node process, 0.1 s SuperNode poll of the SuperLink and 5 ms
+looks into its own memory for a reply and its chunks, object pulls retried after 20–250 ms
+instead of 1–10 s (20–50 ms by a node's executor from its own SuperNode), in-memory
+SuperLink state; CODASCA's control-variate change derived on the server, not uploaded);
+`naive` sends every tensor as its own Flower array, never a tag and never one copy shared by
+the sites of a request, as a state_dict turned into an `ArrayRecord` would. In-process sites
+run one after another, so its "overhead" is mostly the other sites' compute. Load average:
+1-minute, before → after each transport."""
 
 
 def machine(threads: int) -> str:

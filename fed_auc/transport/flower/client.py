@@ -31,18 +31,21 @@ def message_frame(content: RecordDict) -> tuple[dict[str, Any], list[bytes]]:
     return header, [arrays[f"b{i}"].data for i in range(len(arrays))]
 
 
-def frame_content(header: dict[str, Any], buffers: list[bytes]) -> RecordDict:
-    """Raw buffers as opaque byte arrays: nothing on the way converts or copies them."""
-    arrays = {
-        f"b{i}": Array(dtype="uint8", shape=(len(b),), stype="raw", data=b)
-        for i, b in enumerate(buffers)
-    }
-    return RecordDict(
-        {
-            HEADER: ConfigRecord({"json": json.dumps(header)}),
-            BUFFERS: ArrayRecord(array_dict=arrays),
-        }
-    )
+def frame_content(
+    header: dict[str, Any], buffers: list[bytes], shared: dict[int, Array] | None = None
+) -> RecordDict:
+    """Raw buffers as opaque byte arrays: nothing on the way converts or copies them.
+
+    ``shared`` (id of a buffer → its Array), across the messages of one request, whose
+    buffers it must not outlive: messages that carry the same bytes object (the same model
+    to every site) share its Array, which Flower then chunks and hashes once, not per site."""
+    shared = {} if shared is None else shared
+    arrays = ArrayRecord()  # filled item by item: ``array_dict=`` would copy each Array
+    for i, b in enumerate(buffers):
+        if id(b) not in shared:
+            shared[id(b)] = Array(dtype="uint8", shape=(len(b),), stype="raw", data=b)
+        arrays[f"b{i}"] = shared[id(b)]
+    return RecordDict({HEADER: ConfigRecord({"json": json.dumps(header)}), BUFFERS: arrays})
 
 
 def refuse(message: Message, context: Context) -> Message:

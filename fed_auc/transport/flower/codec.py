@@ -38,19 +38,22 @@ def digest(tensor: torch.Tensor) -> str:
 
 
 def encode_tensors(
-    tensors: Tensors, known: Collection[str] | None = None, memo: dict[int, str] | None = None
+    tensors: Tensors, known: Collection[str] | None = None, memo: dict[Any, Any] | None = None
 ) -> tuple[list[list[Any]], list[bytes]]:
     """Index (name, dtype, shape, buffer number) and one contiguous buffer per dtype.
 
     With ``known`` (the content tags the receiver holds, see ``TensorCache``) every entry also
     carries its tensor's tag, and a tensor whose tag is known travels as the tag alone
-    (buffer number -1): the receiver already has its bytes. ``memo`` (tensor id → tag) saves
-    hashing the same tensors again for every site of a request; it must not outlive them.
+    (buffer number -1): the receiver already has its bytes. ``memo`` (tensor id → tag, and
+    the tensor ids of a buffer → its bytes) saves hashing and copying the same tensors again
+    for every site of a request, whose sites then share one bytes object per buffer (Flower
+    hashes and chunks it once, ``client.frame_content``); it must not outlive them.
     """
     memo = {} if memo is None else memo
     per_tensor = os.environ.get(PER_TENSOR_ENV) == "1"
     known = None if per_tensor else known  # the naive baseline sends everything every time
     groups: dict[Any, list[torch.Tensor]] = {}
+    members: dict[Any, list[int]] = {}  # the ids of each group's tensors (``memo`` keys)
     index = []
     for name, tensor in tensors.items():
         entry = [name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), -1]
@@ -65,7 +68,16 @@ def encode_tensors(
         group = groups.setdefault(key, [])
         entry[3] = list(groups).index(key)
         group.append(tensor.detach().reshape(-1))
-    buffers = [torch.cat(group).numpy().tobytes() for group in groups.values()]
+        members.setdefault(key, []).append(id(tensor))
+    buffers = []
+    for key, group in groups.items():
+        if per_tensor:  # the naive baseline: every site its own copy
+            buffers.append(torch.cat(group).numpy().tobytes())
+            continue
+        shared = ("buffer", *members[key])
+        if shared not in memo:
+            memo[shared] = torch.cat(group).numpy().tobytes()
+        buffers.append(memo[shared])
     return index, buffers
 
 

@@ -99,7 +99,8 @@ def run_task(address: str, token: str, handle: Handler, site: str) -> None:
 
 def serve_tasks(address: str, handle: Handler, site: str, stop: threading.Event) -> None:
     """Take ClientApp tasks from the SuperNode at ``address`` until ``stop`` is set."""
-    backoff.shorten()  # a task's message is pulled while the SuperNode still receives it
+    backoff.shorten(backoff.LOCAL_CAP_S)  # a task's message is pulled while the SuperNode
+    # still receives it
     client = RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=True,

@@ -207,11 +207,12 @@ class FlowerTransport:
         self._discover(timeout=min(timeout, 30.0))
         answers: dict[str, Frame | NodeFailure] = {}
         messages = []
+        shared: dict[int, Any] = {}  # a buffer sent to several sites: one Flower Array
         for site, (header, buffers) in frames.items():
             if site not in self.node_of:
                 answers[site] = NodeFailure(site, "dropped", "node not connected")
                 continue
-            content = frame_content(header, buffers)
+            content = frame_content(header, buffers, shared)
             messages.append(
                 Message(content, dst_node_id=self.node_of[site], message_type=kind, ttl=timeout)
             )

@@ -33,6 +33,7 @@ from fed_auc.transport.flower.codec import (
     frame_broadcast,
     frame_evaluation,
     frame_reply,
+    frame_tensors,
     reply_frame,
     tensor_frame,
 )
@@ -69,6 +70,29 @@ def test_the_naive_baseline_sends_one_buffer_per_tensor_and_decodes_the_same(mon
     assert [len(b) for b in buffers] == [48, 20, 24]
     back = decode_tensors(index, buffers)
     assert all(torch.equal(back[name], tensor) for name, tensor in tensors.items())
+
+
+def test_the_sites_of_one_request_share_its_buffers_and_flower_arrays(monkeypatch):
+    """One model to three sites: one copy of its bytes and one Flower Array (hashed and
+    chunked once), unless a site holds part of it; the naive baseline shares nothing."""
+    from fed_auc.transport.flower.client import frame_content, message_frame
+
+    model = {"w": torch.randn(3, 4), "b": torch.randn(5), "n": torch.arange(3)}
+    memo, shared = {}, {}
+    frames = [tensor_frame({"kind": "evaluate"}, model, [], memo) for _ in range(2)]
+    held = tensor_frame({"kind": "evaluate"}, model, [digest(model["b"])], memo)
+    assert all(a is b for a, b in zip(frames[0][1], frames[1][1], strict=True))
+    assert held[1][0] is not frames[0][1][0] and len(held[1][0]) == 12 * 4
+    contents = [frame_content(h, b, shared) for h, b in [*frames, held]]
+    arrays = [content["buffers"]["b0"] for content in contents]
+    assert arrays[0] is arrays[1] and arrays[2] is not arrays[0]
+    for content in contents[:2]:
+        back = frame_tensors(message_frame(content))
+        assert all(torch.equal(back[name], t) for name, t in model.items())
+    monkeypatch.setenv(PER_TENSOR_ENV, "1")
+    memo = {}
+    naive = [tensor_frame({}, model, [], memo)[1] for _ in range(2)]
+    assert all(a is not b and a == b for a, b in zip(*naive, strict=True))
 
 
 def test_requests_and_replies_round_trip_through_frames():
@@ -366,7 +390,8 @@ def test_options_a_flower_node_honours_itself_are_accepted(tmp_path):
 
 
 def test_the_supernode_entry_caps_flowers_idle_sleeps():
-    """Flower's SuperNode sleeps 3 s between empty pulls; our entry point caps that."""
+    """Flower's SuperNode sleeps 3 s between empty pulls and 0.5 s between looks for a reply
+    (or a chunk of it); our entry point caps both."""
     import inspect
     import time
 
@@ -379,6 +404,12 @@ def test_the_supernode_entry_caps_flowers_idle_sleeps():
     start = time.perf_counter()
     start_client_internal.time.sleep(3)
     assert time.perf_counter() - start < flower_supernode.POLL_S + 0.5
+    # its waits for a reply, and for each chunk of it, look into its own memory: 5 ms, not 0.5 s
+    assert inspect.getsource(start_client_internal).count("time.sleep(0.5)") == 2
+    start = time.perf_counter()
+    for _ in range(10):
+        start_client_internal.time.sleep(0.5)
+    assert time.perf_counter() - start < 10 * flower_supernode.LOCAL_POLL_S + 0.5
 
 
 def test_flower_object_pulls_retry_within_a_quarter_second():
@@ -405,6 +436,13 @@ def test_flower_object_pulls_retry_within_a_quarter_second():
     assert time.perf_counter() - start < 3 * flower_backoff.CAP_S + 0.5  # Flower's own: ~7 s
     tries_allowed = flower_backoff.PULLERS[0].__kwdefaults__["max_tries_per_object"]
     assert tries_allowed * flower_backoff.CAP_S >= constant.PULL_MAX_TIME  # as patient as before
+    flower_backoff.shorten(flower_backoff.LOCAL_CAP_S)  # a node's executor: its own SuperNode
+    try:
+        defaults = flower_backoff.PULLERS[1].__kwdefaults__
+        assert defaults["backoff_cap"] == flower_backoff.LOCAL_CAP_S
+        assert defaults["max_tries_per_object"] * defaults["backoff_cap"] >= constant.PULL_MAX_TIME
+    finally:
+        flower_backoff.shorten()
 
 
 def test_a_flower_node_samples_with_the_experiments_batch_floors(tmp_path):
