@@ -62,6 +62,12 @@ BENCHMARKS = (
         ("--federation", "breastmnist"),
         BREASTMNIST,
     ),
+    Benchmark(
+        "compression",
+        "benchmarks.systems.compression",
+        ("--npz", str(BREASTMNIST), "--seeds", "0,1,2", "--rounds", "12"),
+        BREASTMNIST,
+    ),
     Benchmark("reliability", "benchmarks.reliability"),
     Benchmark("dashboard_pages", "benchmarks.systems.dashboard_pages"),
 )
