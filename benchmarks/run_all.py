@@ -68,6 +68,11 @@ BENCHMARKS = (
         ("--npz", str(BREASTMNIST), "--seeds", "0,1,2", "--rounds", "12"),
         BREASTMNIST,
     ),
+    Benchmark(
+        "compression_secure",
+        "benchmarks.systems.compression",
+        ("--secure", "--seeds", "0,1,2", "--rounds", "12"),
+    ),
     Benchmark("reliability", "benchmarks.reliability"),
     Benchmark("dashboard_pages", "benchmarks.systems.dashboard_pages"),
 )
