@@ -35,7 +35,10 @@ EXPERIMENT = {
 COLUMNS = ["round", "steps", "n", "auc", "val_auc", "bytes_up", "bytes_down"]
 
 
-def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(tmp_path):
+@pytest.mark.parametrize("compress", ["none", "fp16"])
+def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(tmp_path, compress):
+    """``fp16``: the masked vectors are 32-bit words (``--compress fp16``), over Flower too."""
+    experiment = {**EXPERIMENT, "compress": compress}
     files = []
     for k, name in enumerate(("north", "south", "east")):
         (tmp_path / name).mkdir()
@@ -48,14 +51,14 @@ def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(t
         for f in files
     ]  # fmt: skip
     try:
-        summary = _summary(tmp_path, "flower", _coordinator(tmp_path, port, "flower", EXPERIMENT))
+        summary = _summary(tmp_path, "flower", _coordinator(tmp_path, port, "flower", experiment))
     finally:
         for node in nodes:
             node.terminate()
         for node in nodes:
             node.wait(timeout=60)
     config = ExperimentConfig(
-        **EXPERIMENT, site_files=[str(f) for f in files], runs_dir=str(tmp_path / "sim")
+        **experiment, site_files=[str(f) for f in files], runs_dir=str(tmp_path / "sim")
     )
     expected = run_simulation(config)
 
@@ -73,6 +76,10 @@ def test_secure_aggregation_over_flower_equals_simulate_on_the_same_site_files(t
     assert trained[["update_norm", "drift", "cosine", "cv_drift"]].isna().all().all()
     for row in trained["metrics"].map(json.loads):
         assert row["secure_aggregation_bytes"]["train"]["up"] > 0
+    if compress == "fp16":  # CODASCA masks its iterates and Δc^k: two words per model value,
+        # 8 bytes each in 64-bit words, 4 in fp16's 32-bit ones (protocol bytes on top)
+        model_values = sum(t.numel() for t in model["state_dict"].values())
+        assert (trained["bytes_up"] < 2 * 4 * model_values).all()
     with RunStore(tmp_path / "flower") as store:
         assert store.run(summary["run_id"])["config"]["secure_aggregation"] is True
     assert not events["level"].eq("error").any()
