@@ -125,19 +125,24 @@ def run(tmp_path, monkeypatch, change, **changes) -> dict:
     return run_simulation(config)
 
 
-@pytest.fixture(scope="module")
-def excluded(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The reference: the same run where the bad site's node fails outright every round."""
+def without_bad_site(tmp_path_factory, name: str, **changes) -> dict[str, torch.Tensor]:
+    """The final model of the same run where the bad site's node fails outright every round."""
     monkeypatch = pytest.MonkeyPatch()
 
     def fail(self, broadcast, original):
         raise RuntimeError("node down")
 
     try:
-        summary = run(tmp_path_factory.mktemp("excluded"), monkeypatch, fail)
+        summary = run(tmp_path_factory.mktemp(name), monkeypatch, fail, **changes)
     finally:
         monkeypatch.undo()
     return load_torch(summary["model_path"])["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def excluded(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The reference of a hostile reply: as if the site had not answered."""
+    return without_bad_site(tmp_path_factory, "excluded")
 
 
 @pytest.mark.parametrize("kind", list(TAMPERINGS))
@@ -453,16 +458,7 @@ COMPRESSED_TAMPERINGS = {
 @pytest.fixture(scope="module")
 def excluded_int8(tmp_path_factory) -> dict[str, torch.Tensor]:
     """As ``excluded``, with every request and reply compressed to int8."""
-    monkeypatch = pytest.MonkeyPatch()
-
-    def fail(self, broadcast, original):
-        raise RuntimeError("node down")
-
-    try:
-        summary = run(tmp_path_factory.mktemp("excluded_int8"), monkeypatch, fail, compress="int8")
-    finally:
-        monkeypatch.undo()
-    return load_torch(summary["model_path"])["state_dict"]
+    return without_bad_site(tmp_path_factory, "excluded_int8", compress="int8")
 
 
 @pytest.mark.parametrize("kind", list(COMPRESSED_TAMPERINGS))
