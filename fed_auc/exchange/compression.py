@@ -98,7 +98,10 @@ def encode(
 
 def _int8(value: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
     """Stochastically rounded int8 values and float32 scales, one per row (dimension 0)."""
-    rows = value.reshape(value.shape[0], -1) if value.dim() >= 2 else value.reshape(1, -1)
+    count = value.shape[0] if value.dim() >= 2 else 1
+    if value.numel() == 0:  # an empty tensor: no values, scales of 0
+        return torch.zeros(value.shape, dtype=torch.int8), torch.zeros(count)
+    rows = value.reshape(count, -1)
     scale = rows.abs().amax(dim=1) / LEVELS
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     noise = torch.rand(rows.shape, generator=generator)
@@ -162,6 +165,8 @@ def _decoded(
     largest = float(scale.max()) if rows else 0.0
     if not math.isfinite(largest) or bool((scale < 0).any()):
         raise ValueError(f"{where}: {name + SCALE!r} holds a negative or non-finite scale")
+    if tensor.numel() == 0:
+        return tensor.float()
     flat = tensor.reshape(rows, -1).float() * scale[:, None]
     return flat.reshape(tensor.shape)
 

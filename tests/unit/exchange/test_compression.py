@@ -140,3 +140,19 @@ def test_compression_with_secure_aggregation_is_refused_by_name():
         ExperimentConfig(compress="int8", secure_aggregation=True, sites=3).validate()
     with pytest.raises(ValueError, match="compress"):
         ExperimentConfig(compress="int4").validate()
+
+
+def test_a_coordinators_malformed_request_is_refused_by_the_node_by_name():
+    """A coordinator (hostile or broken) that sends a scale the node cannot use gets a named
+    refusal, never a model trained from it; empty tensors round-trip."""
+    x = {"w/x": torch.randn(3, 4), "w/empty": torch.zeros(0), "w/rows": torch.zeros(0, 3)}
+    wire = compress_broadcast(Broadcast(0, "train", x, {}), "int8")
+    assert received_broadcast(wire).tensors["w/empty"].shape == (0,)
+    wire.tensors["w/x" + SCALE] = torch.tensor([1.0, float("inf"), 1.0])
+    with pytest.raises(ValueError, match=r"round 1 train request: 'w/x#scale' holds a negative"):
+        received_broadcast(wire)
+    wire.tensors["w/x" + SCALE] = torch.ones(2)
+    with pytest.raises(ValueError, match=r"'w/x' needs 'w/x#scale' of 3 float32 values"):
+        received_broadcast(wire)
+    with pytest.raises(ValueError, match="compress = 'int4'"):
+        received_broadcast(dataclasses.replace(wire, config={COMPRESS_KEY: "int4"}))
